@@ -1,0 +1,94 @@
+//! The store layer's one error type.
+
+/// Anything the event store or its projectors can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused or failed an operation.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Postgres refused or failed an operation.
+    #[error("postgres: {0}")]
+    Postgres(#[from] sqlx::Error),
+    /// Another writer appended to the same aggregate first (optimistic concurrency).
+    #[error("concurrent append to {aggregate_type}/{aggregate_id}: sequence {sequence} is taken")]
+    Conflict {
+        /// The aggregate's type.
+        aggregate_type: String,
+        /// The aggregate's id.
+        aggregate_id: String,
+        /// The sequence that was already taken.
+        sequence: i64,
+    },
+    /// A projector failed; in an append transaction this rolled the events back.
+    #[error("projector {projector} failed: {source}")]
+    Projection {
+        /// The projector's name.
+        projector: &'static str,
+        /// What went wrong.
+        source: Box<StoreError>,
+    },
+    /// A stored row could not be turned back into a value.
+    #[error("stored data at position {position} could not be decoded: {message}")]
+    Decode {
+        /// The event position (0 when not an event).
+        position: i64,
+        /// What was wrong.
+        message: String,
+    },
+    /// The store URL or path is unusable.
+    #[error("invalid store url {url:?}: {reason}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The schema is not migrated to what this build needs.
+    #[error("the database schema is at version {found}; this build needs {needed}: run `wharf migrate`")]
+    NotMigrated {
+        /// The version found.
+        found: i64,
+        /// The version needed.
+        needed: i64,
+    },
+    /// A blocking store task panicked or was cancelled.
+    #[error("store task failed: {0}")]
+    Task(String),
+    /// A value could not be serialized for storage.
+    #[error("serialization failed: {0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl StoreError {
+    /// Wraps a projector's failure with its name.
+    pub fn in_projector(projector: &'static str, source: StoreError) -> Self {
+        Self::Projection {
+            projector,
+            source: Box::new(source),
+        }
+    }
+
+    /// A decode error for the event (or row) at `position`.
+    pub fn decode(position: i64, message: impl std::fmt::Display) -> Self {
+        Self::Decode {
+            position,
+            message: message.to_string(),
+        }
+    }
+
+    /// True when the error says the store could not be reached at all (as opposed to refusing
+    /// one statement): readiness uses this.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Postgres(e) => matches!(
+                e,
+                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+            ),
+            Self::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::DatabaseBusy
+            ),
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Wharf's event store: an append-only ledger with a global position, on SQLite (the embedded
+//! default) and on Postgres (cluster mode).
+//!
+//! What it guarantees, on both backends:
+//! - every event gets a global `position` (commit order) and `recorded_at` from the store's clock;
+//! - appends are optimistic per aggregate (a taken sequence is [`StoreError::Conflict`]);
+//! - inline projectors run inside the append transaction, and their error rolls it back;
+//! - the locked group executor loads, decides, appends and projects in one transaction,
+//!   serialized per group;
+//! - catch-up projectors advance a durable checkpoint in the same transaction as their writes,
+//!   and can never skip an event that committed late;
+//! - worker-instance heartbeats are state, judged fresh by the store's clock.
+//!
+//! Architecture invariant: this crate knows nothing of what events mean. It never parses a
+//! payload; the domain decides, the projections interpret.
+
+pub mod error;
+pub mod event;
+pub mod group;
+pub mod migrate;
+pub mod postgres;
+pub mod projector;
+pub mod rebuild;
+pub mod sqlite;
+
+use chrono::{DateTime, Utc};
+
+pub use error::StoreError;
+pub use event::{Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
+pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
+pub use postgres::{PgSettings, PgStore};
+pub use projector::{PgProjector, SqliteProjector};
+pub use rebuild::{Progress, RebuildMode, RebuildReport, TableDifference};
+pub use sqlite::SqliteStore;
+
+/// Where a store lives, parsed from a URL: `sqlite://PATH` (or a bare path) or `postgres://...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A SQLite file.
+    Sqlite(std::path::PathBuf),
+    /// A Postgres database URL.
+    Postgres(String),
+}
+
+impl StoreLocation {
+    /// Parses a store URL, naming the value when it is not usable.
+    pub fn parse(url: &str) -> Result<Self, StoreError> {
+        let refuse = |reason: &str| StoreError::Url {
+            url: postgres::redact(url),
+            reason: reason.to_owned(),
+        };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        if path.is_empty() {
+            return Err(refuse("a SQLite store needs a file path"));
+        }
+        if path.contains("://") {
+            return Err(refuse("unknown scheme: use sqlite://PATH or postgres://..."));
+        }
+        Ok(Self::Sqlite(path.into()))
+    }
+}
+
+/// Either backend, behind one API for what does not depend on the backend's transaction type.
+#[derive(Clone)]
+pub enum Store {
+    /// The embedded SQLite store.
+    Sqlite(SqliteStore),
+    /// The cluster Postgres store.
+    Postgres(PgStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $body:expr) => {
+        match $self {
+            Store::Sqlite($store) => $body,
+            Store::Postgres($store) => $body,
+        }
+    };
+}
+
+impl Store {
+    /// Applies pending migrations; returns the names applied now.
+    pub async fn migrate(&self) -> Result<Vec<&'static str>, StoreError> {
+        dispatch!(self, s => s.migrate().await)
+    }
+
+    /// Fails unless the schema is migrated to what this build needs.
+    pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
+        dispatch!(self, s => s.ensure_migrated().await)
+    }
+
+    /// The store's current time.
+    pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        dispatch!(self, s => s.now().await)
+    }
+
+    /// Appends with optimistic concurrency and inline projection.
+    pub async fn append(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        last_sequence: i64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        dispatch!(self, s => s.append(aggregate_type, aggregate_id, last_sequence, events).await)
+    }
+
+    /// Loads one aggregate's events.
+    pub async fn load(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        dispatch!(self, s => s.load(aggregate_type, aggregate_id).await)
+    }
+
+    /// Reads events after a position, in commit order.
+    pub async fn read_after(
+        &self,
+        position: i64,
+        limit: i64,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        dispatch!(self, s => s.read_after(position, limit).await)
+    }
+
+    /// Runs one locked declaration attempt (see [`group`]).
+    pub async fn execute_group<T, E, F>(
+        &self,
+        lock: GroupLock,
+        decide: F,
+    ) -> Result<Result<T, E>, StoreError>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&GroupSnapshot) -> GroupDecision<T, E> + Send + 'static,
+    {
+        dispatch!(self, s => s.execute_group(lock, decide).await)
+    }
+
+    /// Refreshes an instance's heartbeat; `false` when it has no row.
+    pub async fn heartbeat(&self, group: &str, declarer: &str) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.heartbeat(group, declarer).await)
+    }
+
+    /// Removes an instance on graceful shutdown.
+    pub async fn leave(&self, group: &str, declarer: &str) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.leave(group, declarer).await)
+    }
+
+    /// Recorded worker instances.
+    pub async fn instances(&self, group: Option<String>) -> Result<Vec<InstanceRecord>, StoreError> {
+        dispatch!(self, s => s.instances(group).await)
+    }
+
+    /// A catch-up projector's checkpoint.
+    pub async fn checkpoint(&self, projector: &'static str) -> Result<i64, StoreError> {
+        dispatch!(self, s => s.checkpoint(projector).await)
+    }
+
+    /// A short name of the backend, for logs and health output.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! Schema migrations, embedded in the binary from the workspace's `migrations/` folder.
+//!
+//! Each backend has its own numbered scripts; `wharf_schema_migrations` records which ran.
+//! Migrations are additive so that a rolled-back build keeps working on a newer schema.
+
+/// One embedded migration script.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Its number; scripts run in ascending order.
+    pub version: i64,
+    /// Its file name.
+    pub name: &'static str,
+    /// Its SQL.
+    pub sql: &'static str,
+}
+
+macro_rules! migration {
+    ($version:literal, $dir:literal, $file:literal) => {
+        Migration {
+            version: $version,
+            name: $file,
+            sql: include_str!(concat!("../../migrations/", $dir, "/", $file)),
+        }
+    };
+}
+
+/// The SQLite scripts.
+pub const SQLITE: &[Migration] = &[
+    migration!(1, "sqlite", "0001_event_store.sql"),
+    migration!(2, "sqlite", "0002_declaration_projections.sql"),
+];
+
+/// The Postgres scripts.
+pub const POSTGRES: &[Migration] = &[
+    migration!(1, "postgres", "0001_event_store.sql"),
+    migration!(2, "postgres", "0002_declaration_projections.sql"),
+];
+
+/// The schema version this build needs.
+pub fn needed(scripts: &[Migration]) -> i64 {
+    scripts.last().map_or(0, |m| m.version)
+}

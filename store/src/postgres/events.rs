@@ -1,0 +1,239 @@
+//! Appending, loading and paging events on Postgres, and catch-up from a checkpoint.
+
+use std::sync::Arc;
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use super::PgStore;
+use crate::error::StoreError;
+use crate::event::{NewEvent, RecordedEvent};
+use crate::projector::PgProjector;
+
+const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
+     event_version, payload, metadata, recorded_at FROM events";
+
+/// Takes the append lock for the rest of the transaction. Every append takes it right before
+/// its first insert, so positions become visible in the order they were assigned.
+pub async fn lock_appends(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events'))")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Appends `events` after `last_sequence` and runs every inline projector on them, inside the
+/// caller's transaction. Takes the append lock. A taken sequence is [`StoreError::Conflict`].
+pub async fn append_in_tx(
+    conn: &mut PgConnection,
+    projectors: &[Arc<dyn PgProjector>],
+    aggregate_type: &str,
+    aggregate_id: &str,
+    last_sequence: i64,
+    events: &[NewEvent],
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    lock_appends(conn).await?;
+    let mut recorded = Vec::with_capacity(events.len());
+    for (offset, event) in events.iter().enumerate() {
+        let sequence = last_sequence + 1 + offset as i64;
+        let row = sqlx::query(
+            "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
+             payload, metadata) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING position, recorded_at",
+        )
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .bind(sequence)
+        .bind(&event.event_type)
+        .bind(&event.event_version)
+        .bind(sqlx::types::Json(&event.payload))
+        .bind(sqlx::types::Json(&event.metadata))
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| conflict_or(e, aggregate_type, aggregate_id, sequence))?;
+        recorded.push(RecordedEvent {
+            position: row.try_get("position")?,
+            recorded_at: row.try_get("recorded_at")?,
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            sequence,
+            event_type: event.event_type.clone(),
+            event_version: event.event_version.clone(),
+            payload: event.payload.clone(),
+            metadata: event.metadata.clone(),
+        });
+    }
+    for event in &recorded {
+        for projector in projectors {
+            projector
+                .apply(conn, event)
+                .await
+                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+        }
+    }
+    Ok(recorded)
+}
+
+fn conflict_or(e: sqlx::Error, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> StoreError {
+    match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => StoreError::Conflict {
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            sequence,
+        },
+        _ => e.into(),
+    }
+}
+
+/// Loads one aggregate's events in sequence order.
+pub async fn load_in_tx(
+    conn: &mut PgConnection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "{SELECT_EVENT} WHERE aggregate_type = $1 AND aggregate_id = $2 ORDER BY sequence"
+    ))
+    .bind(aggregate_type)
+    .bind(aggregate_id)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode_event).collect()
+}
+
+/// Reads up to `limit` events after `position`, in position (= commit) order.
+pub async fn read_after_in_tx(
+    conn: &mut PgConnection,
+    position: i64,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "{SELECT_EVENT} WHERE position > $1 ORDER BY position LIMIT $2"
+    ))
+    .bind(position)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(decode_event).collect()
+}
+
+fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {
+    let position: i64 = row.try_get("position")?;
+    let json = |column: &str| -> Result<serde_json::Value, StoreError> {
+        row.try_get::<sqlx::types::Json<serde_json::Value>, _>(column)
+            .map(|j| j.0)
+            .map_err(|e| StoreError::decode(position, e))
+    };
+    Ok(RecordedEvent {
+        position,
+        aggregate_type: row.try_get("aggregate_type")?,
+        aggregate_id: row.try_get("aggregate_id")?,
+        sequence: row.try_get("sequence")?,
+        event_type: row.try_get("event_type")?,
+        event_version: row.try_get("event_version")?,
+        payload: json("payload")?,
+        metadata: json("metadata")?,
+        recorded_at: row.try_get("recorded_at")?,
+    })
+}
+
+/// Reads and locks a catch-up projector's checkpoint (creating it at 0), so concurrent
+/// runners of the same projector take turns instead of applying a batch twice.
+pub(crate) async fn lock_checkpoint(conn: &mut PgConnection, projector: &str) -> Result<i64, StoreError> {
+    sqlx::query("INSERT INTO projection_checkpoint (projector, position) VALUES ($1, 0) ON CONFLICT DO NOTHING")
+        .bind(projector)
+        .execute(&mut *conn)
+        .await?;
+    Ok(sqlx::query_scalar("SELECT position FROM projection_checkpoint WHERE projector = $1 FOR UPDATE")
+        .bind(projector)
+        .fetch_one(conn)
+        .await?)
+}
+
+/// Stores a catch-up projector's checkpoint inside the caller's transaction.
+pub(crate) async fn set_checkpoint(
+    conn: &mut PgConnection,
+    projector: &str,
+    position: i64,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE projection_checkpoint SET position = $2 WHERE projector = $1")
+        .bind(projector)
+        .bind(position)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+impl PgStore {
+    /// Appends to an aggregate with optimistic concurrency and inline projection, in one
+    /// transaction. `last_sequence` is the sequence the caller last saw (0 for a new aggregate).
+    pub async fn append(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        last_sequence: i64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let recorded = append_in_tx(
+            &mut tx,
+            &self.projectors,
+            aggregate_type,
+            aggregate_id,
+            last_sequence,
+            &events,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(recorded)
+    }
+
+    /// Loads one aggregate's events in sequence order.
+    pub async fn load(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        load_in_tx(&mut conn, aggregate_type, aggregate_id).await
+    }
+
+    /// Reads up to `limit` events after `position`, in commit order.
+    pub async fn read_after(&self, position: i64, limit: i64) -> Result<Vec<RecordedEvent>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        read_after_in_tx(&mut conn, position, limit).await
+    }
+
+    /// The last position a catch-up projector has applied.
+    pub async fn checkpoint(&self, projector: &str) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar("SELECT position FROM projection_checkpoint WHERE projector = $1")
+            .bind(projector)
+            .fetch_optional(&self.pool)
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Brings a catch-up projector up to the head of the log, `batch` events per transaction;
+    /// each batch and its checkpoint commit together. Safe with concurrent runners (the
+    /// checkpoint row is locked). Returns how many events this call applied.
+    pub async fn catch_up(&self, projector: Arc<dyn PgProjector>, batch: i64) -> Result<u64, StoreError> {
+        let mut applied = 0u64;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let from = lock_checkpoint(&mut tx, projector.name()).await?;
+            let events = read_after_in_tx(&mut tx, from, batch).await?;
+            for event in &events {
+                projector
+                    .apply(&mut tx, event)
+                    .await
+                    .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+            }
+            if let Some(last) = events.last() {
+                set_checkpoint(&mut tx, projector.name(), last.position).await?;
+            }
+            tx.commit().await?;
+            applied += events.len() as u64;
+            if (events.len() as i64) < batch {
+                return Ok(applied);
+            }
+        }
+    }
+}

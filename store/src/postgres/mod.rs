@@ -1,0 +1,218 @@
+//! The Postgres backend: cluster mode, many Wharf processes on many machines sharing one
+//! database.
+//!
+//! Appends serialize on a transaction-scoped advisory lock taken just before the first event
+//! insert and held to commit, so a smaller position can never become visible after a larger one:
+//! catch-up that pages by `position > checkpoint` cannot skip an event that committed late
+//! (ADR 0002). The lock key is derived from the schema, so several Wharf schemas in one database
+//! do not contend. The store's clock is the database's `clock_timestamp()`.
+
+mod events;
+mod group;
+mod rebuild;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgConnection, PgPool};
+
+use crate::error::StoreError;
+use crate::migrate;
+use crate::projector::PgProjector;
+
+pub use events::{append_in_tx, load_in_tx, lock_appends, read_after_in_tx};
+
+/// How a Postgres store connects.
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    /// The connection URL (`postgres://...`).
+    pub url: String,
+    /// The schema Wharf's tables live in (`search_path`); `None` keeps the server default.
+    pub schema: Option<String>,
+    /// The most connections this process holds.
+    pub max_connections: u32,
+    /// How long to wait for a connection before failing.
+    pub acquire_timeout: Duration,
+}
+
+impl PgSettings {
+    /// Settings for `url` with defaults for the rest.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            schema: None,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A Wharf store in a Postgres database.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    projectors: Arc<Vec<Arc<dyn PgProjector>>>,
+}
+
+impl PgStore {
+    /// Connects (lazily: the first use dials) with the given inline projectors.
+    pub fn connect(
+        settings: &PgSettings,
+        projectors: Vec<Arc<dyn PgProjector>>,
+    ) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = settings.url.parse().map_err(|e: sqlx::Error| {
+            StoreError::Url {
+                url: redact(&settings.url),
+                reason: e.to_string(),
+            }
+        })?;
+        let options = options.application_name("wharf");
+        let schema = settings.schema.clone();
+        if let Some(schema) = &schema {
+            check_schema_name(schema)?;
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            .after_connect(move |conn, _| {
+                let schema = schema.clone();
+                Box::pin(async move {
+                    if let Some(schema) = schema {
+                        conn.execute(format!("SET search_path TO \"{schema}\"").as_str())
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
+        Ok(Self {
+            pool,
+            projectors: Arc::new(projectors),
+        })
+    }
+
+    /// The connection pool, for read models and tools that query the store directly.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The inline projectors this store runs on every append.
+    pub fn projectors(&self) -> &[Arc<dyn PgProjector>] {
+        &self.projectors
+    }
+
+    /// Applies every migration not yet applied, serialized across processes by an advisory
+    /// lock; returns the names applied now.
+    pub async fn migrate(&self) -> Result<Vec<&'static str>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.migrate'))")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
+                 version BIGINT PRIMARY KEY, name TEXT NOT NULL,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+        )
+        .execute(&mut *tx)
+        .await?;
+        let current: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations")
+                .fetch_one(&mut *tx)
+                .await?;
+        let mut applied = Vec::new();
+        for script in migrate::POSTGRES.iter().filter(|m| m.version > current) {
+            sqlx::raw_sql(script.sql).execute(&mut *tx).await?;
+            sqlx::query("INSERT INTO wharf_schema_migrations (version, name) VALUES ($1, $2)")
+                .bind(script.version)
+                .bind(script.name)
+                .execute(&mut *tx)
+                .await?;
+            applied.push(script.name);
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// The schema version recorded in the database (0 when never migrated).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        let exists: bool = sqlx::query_scalar(
+            "SELECT to_regclass('wharf_schema_migrations') IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if !exists {
+            return Ok(0);
+        }
+        Ok(
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations")
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build needs.
+    pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
+        let found = self.schema_version().await?;
+        let needed = migrate::needed(migrate::POSTGRES);
+        if found < needed {
+            return Err(StoreError::NotMigrated { found, needed });
+        }
+        Ok(())
+    }
+
+    /// The store's current time.
+    pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT clock_timestamp()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Creates the schema named in `settings` if it does not exist (tests and first start).
+    pub async fn create_schema(settings: &PgSettings) -> Result<(), StoreError> {
+        let Some(schema) = &settings.schema else {
+            return Ok(());
+        };
+        check_schema_name(schema)?;
+        let mut conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
+        conn.execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
+            .await?;
+        Ok(())
+    }
+}
+
+fn check_schema_name(schema: &str) -> Result<(), StoreError> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Url {
+            url: schema.to_owned(),
+            reason: "schema must be 1 to 63 ASCII letters, digits or '_'".into(),
+        })
+    }
+}
+
+/// The URL with any password replaced, for error messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,243 @@
+//! Appending, loading and paging events on SQLite, and catch-up from a checkpoint.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, OptionalExtension, Row, Transaction};
+
+use super::SqliteStore;
+use crate::error::StoreError;
+use crate::event::{from_micros, NewEvent, RecordedEvent};
+use crate::projector::SqliteProjector;
+
+const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
+     event_version, payload, metadata, recorded_at FROM events";
+
+/// Appends `events` to an aggregate whose last sequence the caller saw as `last_sequence`, then
+/// runs every inline projector on them, all inside `tx`. A taken sequence is a
+/// [`StoreError::Conflict`]; a projector error aborts the caller's transaction.
+pub fn append_in_tx(
+    tx: &Transaction<'_>,
+    projectors: &[Arc<dyn SqliteProjector>],
+    now: DateTime<Utc>,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    last_sequence: i64,
+    events: &[NewEvent],
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let mut recorded = Vec::with_capacity(events.len());
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
+         payload, metadata, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (offset, event) in events.iter().enumerate() {
+        let sequence = last_sequence + 1 + offset as i64;
+        let result = insert.execute(params![
+            aggregate_type,
+            aggregate_id,
+            sequence,
+            event.event_type,
+            event.event_version,
+            event.payload.to_string(),
+            event.metadata.to_string(),
+            now.timestamp_micros(),
+        ]);
+        if let Err(rusqlite::Error::SqliteFailure(e, _)) = &result {
+            if e.code == rusqlite::ErrorCode::ConstraintViolation {
+                return Err(StoreError::Conflict {
+                    aggregate_type: aggregate_type.to_owned(),
+                    aggregate_id: aggregate_id.to_owned(),
+                    sequence,
+                });
+            }
+        }
+        result?;
+        recorded.push(RecordedEvent {
+            position: tx.last_insert_rowid(),
+            aggregate_type: aggregate_type.to_owned(),
+            aggregate_id: aggregate_id.to_owned(),
+            sequence,
+            event_type: event.event_type.clone(),
+            event_version: event.event_version.clone(),
+            payload: event.payload.clone(),
+            metadata: event.metadata.clone(),
+            recorded_at: from_micros(now.timestamp_micros()),
+        });
+    }
+    for event in &recorded {
+        for projector in projectors {
+            projector
+                .apply(tx, event)
+                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+        }
+    }
+    Ok(recorded)
+}
+
+/// Loads one aggregate's events in sequence order.
+pub fn load_in_tx(
+    conn: &rusqlite::Connection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "{SELECT_EVENT} WHERE aggregate_type = ?1 AND aggregate_id = ?2 ORDER BY sequence"
+    ))?;
+    let rows = stmt.query_map(params![aggregate_type, aggregate_id], raw_event)?;
+    rows.map(|row| row?.decode()).collect()
+}
+
+/// Reads up to `limit` events after `position`, in position (= commit) order.
+pub fn read_after_in_tx(
+    conn: &rusqlite::Connection,
+    position: i64,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "{SELECT_EVENT} WHERE position > ?1 ORDER BY position LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![position, limit], raw_event)?;
+    rows.map(|row| row?.decode()).collect()
+}
+
+/// A row as read, before its JSON is parsed (so a bad payload is a decode error, not a panic).
+struct RawEvent {
+    position: i64,
+    aggregate_type: String,
+    aggregate_id: String,
+    sequence: i64,
+    event_type: String,
+    event_version: String,
+    payload: String,
+    metadata: String,
+    recorded_at: i64,
+}
+
+fn raw_event(row: &Row<'_>) -> rusqlite::Result<RawEvent> {
+    Ok(RawEvent {
+        position: row.get(0)?,
+        aggregate_type: row.get(1)?,
+        aggregate_id: row.get(2)?,
+        sequence: row.get(3)?,
+        event_type: row.get(4)?,
+        event_version: row.get(5)?,
+        payload: row.get(6)?,
+        metadata: row.get(7)?,
+        recorded_at: row.get(8)?,
+    })
+}
+
+impl RawEvent {
+    fn decode(self) -> Result<RecordedEvent, StoreError> {
+        let parse = |text: &str| {
+            serde_json::from_str(text).map_err(|e| StoreError::decode(self.position, e))
+        };
+        Ok(RecordedEvent {
+            payload: parse(&self.payload)?,
+            metadata: parse(&self.metadata)?,
+            position: self.position,
+            aggregate_type: self.aggregate_type,
+            aggregate_id: self.aggregate_id,
+            sequence: self.sequence,
+            event_type: self.event_type,
+            event_version: self.event_version,
+            recorded_at: from_micros(self.recorded_at),
+        })
+    }
+}
+
+/// Reads a catch-up projector's checkpoint inside `tx` (0 when it never ran).
+pub(crate) fn checkpoint_in_tx(conn: &rusqlite::Connection, projector: &str) -> Result<i64, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT position FROM projection_checkpoint WHERE projector = ?1",
+            [projector],
+            |row| row.get(0),
+        )
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Stores a catch-up projector's checkpoint inside `tx`.
+pub(crate) fn set_checkpoint_in_tx(
+    conn: &rusqlite::Connection,
+    projector: &str,
+    position: i64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO projection_checkpoint (projector, position) VALUES (?1, ?2) \
+         ON CONFLICT (projector) DO UPDATE SET position = excluded.position",
+        params![projector, position],
+    )?;
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Appends to an aggregate with optimistic concurrency and inline projection, in one
+    /// transaction. `last_sequence` is the sequence the caller last saw (0 for a new aggregate).
+    pub async fn append(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        last_sequence: i64,
+        events: Vec<NewEvent>,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (kind, id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        self.write(move |ctx| {
+            append_in_tx(ctx.tx, ctx.projectors, ctx.now, &kind, &id, last_sequence, &events)
+        })
+        .await
+    }
+
+    /// Loads one aggregate's events in sequence order.
+    pub async fn load(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (kind, id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        self.read(move |conn| load_in_tx(conn, &kind, &id)).await
+    }
+
+    /// Reads up to `limit` events after `position`, in commit order.
+    pub async fn read_after(&self, position: i64, limit: i64) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.read(move |conn| read_after_in_tx(conn, position, limit)).await
+    }
+
+    /// The last position a catch-up projector has applied.
+    pub async fn checkpoint(&self, projector: &'static str) -> Result<i64, StoreError> {
+        self.read(move |conn| checkpoint_in_tx(conn, projector)).await
+    }
+
+    /// Brings a catch-up projector up to the head of the log, `batch` events per transaction;
+    /// each batch and its checkpoint commit together. Returns how many events it applied.
+    pub async fn catch_up(
+        &self,
+        projector: Arc<dyn SqliteProjector>,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
+        let mut applied = 0u64;
+        loop {
+            let projector = projector.clone();
+            let count = self
+                .write(move |ctx| {
+                    let from = checkpoint_in_tx(ctx.tx, projector.name())?;
+                    let events = read_after_in_tx(ctx.tx, from, batch)?;
+                    for event in &events {
+                        projector
+                            .apply(ctx.tx, event)
+                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+                    }
+                    if let Some(last) = events.last() {
+                        set_checkpoint_in_tx(ctx.tx, projector.name(), last.position)?;
+                    }
+                    Ok(events.len() as i64)
+                })
+                .await?;
+            applied += count as u64;
+            if count < batch {
+                return Ok(applied);
+            }
+        }
+    }
+}

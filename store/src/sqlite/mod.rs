@@ -1,0 +1,264 @@
+//! The SQLite backend: the embedded default (one process, zero setup).
+//!
+//! One writer connection serializes every write transaction (`BEGIN IMMEDIATE`), so the global
+//! position is commit order and catch-up can page by position without skipping anything.
+//! Readers use their own connections (WAL mode). All rusqlite calls run on tokio's blocking pool.
+//! The store's clock is this process's clock, read under the writer lock and kept monotonic.
+
+mod events;
+mod group;
+mod rebuild;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Duration, Utc};
+use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
+
+use crate::error::StoreError;
+use crate::migrate;
+use crate::projector::SqliteProjector;
+
+pub use events::{append_in_tx, load_in_tx, read_after_in_tx};
+
+/// A Wharf store in one SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Writer>,
+    readers: Mutex<Vec<Connection>>,
+    projectors: Vec<Arc<dyn SqliteProjector>>,
+}
+
+/// The writer connection and the last time it handed out, for a monotonic clock.
+struct Writer {
+    conn: Connection,
+    last_now: DateTime<Utc>,
+}
+
+/// What a write closure gets: the transaction, the store's time, and the inline projectors.
+pub struct WriteCtx<'a> {
+    /// The open `BEGIN IMMEDIATE` transaction.
+    pub tx: &'a Transaction<'a>,
+    /// The store's time for this transaction.
+    pub now: DateTime<Utc>,
+    /// The inline projectors to run on appended events.
+    pub projectors: &'a [Arc<dyn SqliteProjector>],
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the SQLite file at `path` with the given inline projectors.
+    /// Does not migrate: call [`SqliteStore::migrate`] or [`SqliteStore::ensure_migrated`].
+    pub async fn open(
+        path: impl AsRef<Path>,
+        projectors: Vec<Arc<dyn SqliteProjector>>,
+    ) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = blocking({
+            let path = path.clone();
+            move || open_connection(&path)
+        })
+        .await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                writer: Mutex::new(Writer {
+                    conn,
+                    last_now: DateTime::<Utc>::MIN_UTC,
+                }),
+                readers: Mutex::new(Vec::new()),
+                projectors,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The inline projectors this store runs on every append.
+    pub fn projectors(&self) -> &[Arc<dyn SqliteProjector>] {
+        &self.inner.projectors
+    }
+
+    /// Applies every migration not yet applied; returns the names applied now.
+    pub async fn migrate(&self) -> Result<Vec<&'static str>, StoreError> {
+        self.write(|ctx| {
+            ctx.tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
+                     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+            )?;
+            let current: i64 = ctx.tx.query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations",
+                [],
+                |row| row.get(0),
+            )?;
+            let mut applied = Vec::new();
+            for script in migrate::SQLITE.iter().filter(|m| m.version > current) {
+                ctx.tx.execute_batch(script.sql)?;
+                ctx.tx.execute(
+                    "INSERT INTO wharf_schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                    rusqlite::params![script.version, script.name, ctx.now.timestamp_micros()],
+                )?;
+                applied.push(script.name);
+            }
+            Ok(applied)
+        })
+        .await
+    }
+
+    /// The schema version recorded in the file (0 when never migrated).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        self.read(|conn| {
+            let exists: bool = conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'wharf_schema_migrations')",
+                [],
+                |row| row.get(0),
+            )?;
+            if !exists {
+                return Ok(0);
+            }
+            Ok(conn.query_row(
+                "SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations",
+                [],
+                |row| row.get(0),
+            )?)
+        })
+        .await
+    }
+
+    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build needs.
+    pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
+        let found = self.schema_version().await?;
+        let needed = migrate::needed(migrate::SQLITE);
+        if found < needed {
+            return Err(StoreError::NotMigrated { found, needed });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer; commits when it returns `Ok`.
+    pub async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteCtx<'_>) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut writer = lock(&inner.writer);
+            let now = writer.tick();
+            let tx = writer
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let ctx = WriteCtx {
+                tx: &tx,
+                now,
+                projectors: &inner.projectors,
+            };
+            let value = f(&ctx)?;
+            tx.commit()?;
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Like [`SqliteStore::write`], but the closure decides whether to commit: it returns the
+    /// value and `true` to commit, `false` to roll back.
+    pub async fn write_or_rollback<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteCtx<'_>) -> Result<(T, bool), StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut writer = lock(&inner.writer);
+            let now = writer.tick();
+            let tx = writer
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let ctx = WriteCtx {
+                tx: &tx,
+                now,
+                projectors: &inner.projectors,
+            };
+            let (value, commit) = f(&ctx)?;
+            if commit {
+                tx.commit()?;
+            } else {
+                tx.rollback()?;
+            }
+            Ok(value)
+        })
+        .await
+    }
+
+    /// Runs `f` on a reader connection (a consistent snapshot for the duration of one statement,
+    /// or of an explicit transaction the closure opens).
+    pub async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let pooled = lock(&inner.readers).pop();
+            let mut conn = match pooled {
+                Some(conn) => conn,
+                None => open_connection(&inner.path)?,
+            };
+            let result = f(&mut conn);
+            lock(&inner.readers).push(conn);
+            result
+        })
+        .await
+    }
+
+    /// The store's current time.
+    pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        let inner = self.inner.clone();
+        blocking(move || Ok(lock(&inner.writer).tick())).await
+    }
+}
+
+impl Writer {
+    /// The process clock, never going backwards across calls.
+    fn tick(&mut self) -> DateTime<Utc> {
+        let now = Utc::now().max(self.last_now + Duration::microseconds(1));
+        self.last_now = now;
+        now
+    }
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    // WAL lets readers proceed beside the writer; FULL makes every commit durable (fsync).
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    Ok(conn)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock left no half-written transaction behind (rusqlite rolls
+    // back on drop), so the connection is still usable.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn blocking<T, F>(f: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
+}
