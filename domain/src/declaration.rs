@@ -145,7 +145,8 @@ pub struct WaitingAttempt {
 pub struct ConsumerGroup {
     /// The effective declaration; `None` until the first install (whole topic meanwhile).
     pub effective: Option<Effective>,
-    /// Each declarer's newest waiting attempt, kept until that declarer installs.
+    /// Each declarer's newest waiting attempt, kept until that declarer installs or another
+    /// declarer installs the same set.
     pub waiting: BTreeMap<DeclarerId, WaitingAttempt>,
     /// How many set changes the ledger holds.
     pub installs: u64,
@@ -236,6 +237,9 @@ pub struct Decision {
 }
 
 /// Decides a Register against the group's state. Pure: no clock, no I/O.
+///
+/// The registering declarer's own instance never counts as a live incumbent: a process that
+/// re-registers with a new set would otherwise wait on itself forever.
 pub fn decide(state: &ConsumerGroup, cmd: &Register) -> Result<Decision, DeclarationError> {
     check_identity(state, cmd)?;
     let Some(effective) = &state.effective else {
@@ -253,7 +257,7 @@ pub fn decide(state: &ConsumerGroup, cmd: &Register) -> Result<Decision, Declara
     let live_declarers: Vec<DeclarerId> = cmd
         .live_instances
         .iter()
-        .filter(|instance| instance.patterns == *stored)
+        .filter(|instance| instance.patterns == *stored && instance.declarer != cmd.declarer)
         .map(|instance| instance.declarer.clone())
         .collect();
     if live_declarers.is_empty() {
@@ -353,7 +357,11 @@ impl Aggregate for ConsumerGroup {
     fn apply(&mut self, event: Self::Event) {
         match event {
             DeclarationEvent::Installed { attempt, previous } => {
+                // The installer's wait is over, and so is every wait for the same set: those
+                // declarers join at their next attempt and append nothing.
                 self.waiting.remove(&attempt.declarer);
+                self.waiting
+                    .retain(|_, waiter| waiter.attempt.patterns != attempt.patterns);
                 self.installs += 1;
                 self.effective = Some(Effective { attempt, previous });
             }

@@ -120,7 +120,10 @@ mod tests {
     fn identifiers_accept_plain_names_and_refuse_others() {
         assert!(GroupName::parse("group", "billing-v2.workers_1").is_ok());
         let err = GroupName::parse("group", "billing/x").unwrap_err();
-        assert_eq!((err.field.as_str(), err.value.as_str()), ("group", "billing/x"));
+        assert_eq!(
+            (err.field.as_str(), err.value.as_str()),
+            ("group", "billing/x")
+        );
         assert!(TopicName::parse("topic", "").is_err());
         assert!(TopicName::parse("topic", &"t".repeat(256)).is_err());
     }

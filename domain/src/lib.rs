@@ -1,0 +1,26 @@
+//! Wharf's domain: pure, synchronous and deterministic.
+//!
+//! Everything here is a plain function of (state, command, time given): no clock is read, no
+//! I/O is done. The store adapters load state, pass in the store's time and the live instances
+//! they observed, and append what the decision returns.
+//!
+//! Architecture invariant: this crate depends on no runtime, database or network crate (tokio,
+//! sqlx, rusqlite, rumqttc, axum). `cqrs-es` is used for its `Aggregate` contract and its
+//! given/when/then test harness only.
+
+pub mod binding_set;
+pub mod declaration;
+pub mod error;
+pub mod filter;
+pub mod matcher;
+pub mod names;
+
+pub use binding_set::BindingSet;
+pub use declaration::{
+    decide, Attempt, ConsumerGroup, Decision, DeclarationError, DeclarationEvent, LiveInstance,
+    Register, RegisterOutcome,
+};
+pub use error::ValidationError;
+pub use filter::{Subject, TopicFilter};
+pub use matcher::BindingMatcher;
+pub use names::{AppVersion, DeclarerId, GroupName, TopicName};
