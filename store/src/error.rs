@@ -44,7 +44,9 @@ pub enum StoreError {
         reason: String,
     },
     /// The schema is not migrated to what this build needs.
-    #[error("the database schema is at version {found}; this build needs {needed}: run `wharf migrate`")]
+    #[error(
+        "the database schema is at version {found}; this build needs {needed}: run `wharf migrate`"
+    )]
     NotMigrated {
         /// The version found.
         found: i64,

@@ -21,7 +21,10 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// Builds a new event from a cqrs-es domain event.
-    pub fn from_domain<E: cqrs_es::DomainEvent>(event: &E, metadata: Value) -> Result<Self, StoreError> {
+    pub fn from_domain<E: cqrs_es::DomainEvent>(
+        event: &E,
+        metadata: Value,
+    ) -> Result<Self, StoreError> {
         Ok(Self {
             event_type: event.event_type(),
             event_version: event.event_version(),
@@ -57,7 +60,8 @@ pub struct RecordedEvent {
 impl RecordedEvent {
     /// Deserializes the payload into a domain event type.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        serde_json::from_value(self.payload.clone()).map_err(|e| StoreError::decode(self.position, e))
+        serde_json::from_value(self.payload.clone())
+            .map_err(|e| StoreError::decode(self.position, e))
     }
 }
 
@@ -101,4 +105,19 @@ pub fn from_micros(micros: i64) -> DateTime<Utc> {
 /// Converts a timestamp to microseconds since the Unix epoch.
 pub fn to_micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
+}
+
+/// A filtered, position-paged read of one aggregate's events (the audit queries).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventQuery {
+    /// Only events after this position.
+    pub after_position: i64,
+    /// Only events recorded at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Only events recorded before this time.
+    pub until: Option<DateTime<Utc>>,
+    /// Only events whose payload has this top-level string field with this value.
+    pub payload_field: Option<(String, String)>,
+    /// At most this many events.
+    pub limit: i64,
 }

@@ -26,7 +26,7 @@ pub mod sqlite;
 use chrono::{DateTime, Utc};
 
 pub use error::StoreError;
-pub use event::{Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
+pub use event::{EventQuery, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
 pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{PgProjector, SqliteProjector};
@@ -60,7 +60,9 @@ impl StoreLocation {
             return Err(refuse("a SQLite store needs a file path"));
         }
         if path.contains("://") {
-            return Err(refuse("unknown scheme: use sqlite://PATH or postgres://..."));
+            return Err(refuse(
+                "unknown scheme: use sqlite://PATH or postgres://...",
+            ));
         }
         Ok(Self::Sqlite(path.into()))
     }
@@ -129,6 +131,16 @@ impl Store {
         dispatch!(self, s => s.read_after(position, limit).await)
     }
 
+    /// Reads one aggregate's events matching `query`, in position order.
+    pub async fn query_events(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        query: EventQuery,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        dispatch!(self, s => s.query_events(aggregate_type, aggregate_id, query).await)
+    }
+
     /// Runs one locked declaration attempt (see [`group`]).
     pub async fn execute_group<T, E, F>(
         &self,
@@ -154,7 +166,10 @@ impl Store {
     }
 
     /// Recorded worker instances.
-    pub async fn instances(&self, group: Option<String>) -> Result<Vec<InstanceRecord>, StoreError> {
+    pub async fn instances(
+        &self,
+        group: Option<String>,
+    ) -> Result<Vec<InstanceRecord>, StoreError> {
         dispatch!(self, s => s.instances(group).await)
     }
 

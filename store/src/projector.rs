@@ -25,7 +25,11 @@ pub trait SqliteProjector: Send + Sync {
         Ok(())
     }
     /// Applies one event (ignoring events it does not care about).
-    fn apply(&self, tx: &rusqlite::Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError>;
+    fn apply(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError>;
 }
 
 /// A projector over a Postgres transaction.
@@ -45,5 +49,6 @@ pub trait PgProjector: Send + Sync {
         Ok(())
     }
     /// Applies one event (ignoring events it does not care about).
-    async fn apply(&self, conn: &mut PgConnection, event: &RecordedEvent) -> Result<(), StoreError>;
+    async fn apply(&self, conn: &mut PgConnection, event: &RecordedEvent)
+        -> Result<(), StoreError>;
 }

@@ -7,7 +7,7 @@ use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::error::StoreError;
-use crate::event::{NewEvent, RecordedEvent};
+use crate::event::{EventQuery, NewEvent, RecordedEvent};
 use crate::projector::PgProjector;
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
@@ -76,13 +76,20 @@ pub async fn append_in_tx(
     Ok(recorded)
 }
 
-fn conflict_or(e: sqlx::Error, aggregate_type: &str, aggregate_id: &str, sequence: i64) -> StoreError {
+fn conflict_or(
+    e: sqlx::Error,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    sequence: i64,
+) -> StoreError {
     match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => StoreError::Conflict {
-            aggregate_type: aggregate_type.to_owned(),
-            aggregate_id: aggregate_id.to_owned(),
-            sequence,
-        },
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+            StoreError::Conflict {
+                aggregate_type: aggregate_type.to_owned(),
+                aggregate_id: aggregate_id.to_owned(),
+                sequence,
+            }
+        }
         _ => e.into(),
     }
 }
@@ -141,15 +148,20 @@ fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {
 
 /// Reads and locks a catch-up projector's checkpoint (creating it at 0), so concurrent
 /// runners of the same projector take turns instead of applying a batch twice.
-pub(crate) async fn lock_checkpoint(conn: &mut PgConnection, projector: &str) -> Result<i64, StoreError> {
+pub(crate) async fn lock_checkpoint(
+    conn: &mut PgConnection,
+    projector: &str,
+) -> Result<i64, StoreError> {
     sqlx::query("INSERT INTO projection_checkpoint (projector, position) VALUES ($1, 0) ON CONFLICT DO NOTHING")
         .bind(projector)
         .execute(&mut *conn)
         .await?;
-    Ok(sqlx::query_scalar("SELECT position FROM projection_checkpoint WHERE projector = $1 FOR UPDATE")
-        .bind(projector)
-        .fetch_one(conn)
-        .await?)
+    Ok(sqlx::query_scalar(
+        "SELECT position FROM projection_checkpoint WHERE projector = $1 FOR UPDATE",
+    )
+    .bind(projector)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// Stores a catch-up projector's checkpoint inside the caller's transaction.
@@ -191,30 +203,71 @@ impl PgStore {
     }
 
     /// Loads one aggregate's events in sequence order.
-    pub async fn load(&self, aggregate_type: &str, aggregate_id: &str) -> Result<Vec<RecordedEvent>, StoreError> {
+    pub async fn load(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         load_in_tx(&mut conn, aggregate_type, aggregate_id).await
     }
 
     /// Reads up to `limit` events after `position`, in commit order.
-    pub async fn read_after(&self, position: i64, limit: i64) -> Result<Vec<RecordedEvent>, StoreError> {
+    pub async fn read_after(
+        &self,
+        position: i64,
+        limit: i64,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
         let mut conn = self.pool.acquire().await?;
         read_after_in_tx(&mut conn, position, limit).await
     }
 
+    /// Reads one aggregate's events matching `query`, in position order.
+    pub async fn query_events(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        query: EventQuery,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (field, value) = query.payload_field.unzip();
+        let rows = sqlx::query(&format!(
+            "{SELECT_EVENT} WHERE aggregate_type = $1 AND aggregate_id = $2 AND position > $3 \
+             AND ($4::timestamptz IS NULL OR recorded_at >= $4) \
+             AND ($5::timestamptz IS NULL OR recorded_at < $5) \
+             AND ($6::text IS NULL OR payload->>$6 = $7) ORDER BY position LIMIT $8"
+        ))
+        .bind(aggregate_type)
+        .bind(aggregate_id)
+        .bind(query.after_position)
+        .bind(query.since)
+        .bind(query.until)
+        .bind(field)
+        .bind(value)
+        .bind(query.limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(decode_event).collect()
+    }
+
     /// The last position a catch-up projector has applied.
     pub async fn checkpoint(&self, projector: &str) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar("SELECT position FROM projection_checkpoint WHERE projector = $1")
-            .bind(projector)
-            .fetch_optional(&self.pool)
-            .await?
-            .unwrap_or(0))
+        Ok(
+            sqlx::query_scalar("SELECT position FROM projection_checkpoint WHERE projector = $1")
+                .bind(projector)
+                .fetch_optional(&self.pool)
+                .await?
+                .unwrap_or(0),
+        )
     }
 
     /// Brings a catch-up projector up to the head of the log, `batch` events per transaction;
     /// each batch and its checkpoint commit together. Safe with concurrent runners (the
     /// checkpoint row is locked). Returns how many events this call applied.
-    pub async fn catch_up(&self, projector: Arc<dyn PgProjector>, batch: i64) -> Result<u64, StoreError> {
+    pub async fn catch_up(
+        &self,
+        projector: Arc<dyn PgProjector>,
+        batch: i64,
+    ) -> Result<u64, StoreError> {
         let mut applied = 0u64;
         loop {
             let mut tx = self.pool.begin().await?;

@@ -74,47 +74,66 @@ impl PgStore {
 
     /// Removes an instance (graceful shutdown), so a waiting new set need not wait for its TTL.
     pub async fn leave(&self, group: &str, declarer: &str) -> Result<bool, StoreError> {
-        let removed = sqlx::query("DELETE FROM worker_instance WHERE group_name = $1 AND declarer = $2")
-            .bind(group)
-            .bind(declarer)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+        let removed =
+            sqlx::query("DELETE FROM worker_instance WHERE group_name = $1 AND declarer = $2")
+                .bind(group)
+                .bind(declarer)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
         Ok(removed == 1)
     }
 
     /// Every recorded instance (of one group, or of all), newest heartbeat first per group.
-    pub async fn instances(&self, group: Option<String>) -> Result<Vec<InstanceRecord>, StoreError> {
-        let rows: Vec<(String, String, String, String, Vec<String>, chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> =
-            sqlx::query_as(
-                "SELECT group_name, declarer, topic, version, patterns, started_at, heartbeat_at \
+    pub async fn instances(
+        &self,
+        group: Option<String>,
+    ) -> Result<Vec<InstanceRecord>, StoreError> {
+        let rows: Vec<InstanceTuple> = sqlx::query_as(
+            "SELECT group_name, declarer, topic, version, patterns, started_at, heartbeat_at \
                  FROM worker_instance WHERE $1::text IS NULL OR group_name = $1 \
                  ORDER BY group_name, heartbeat_at DESC, declarer",
-            )
-            .bind(group)
-            .fetch_all(&self.pool)
-            .await?;
+        )
+        .bind(group)
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows
             .into_iter()
-            .map(|(group, declarer, topic, version, patterns, started_at, heartbeat_at)| InstanceRecord {
-                group,
-                declarer,
-                topic,
-                version,
-                patterns,
-                started_at,
-                heartbeat_at,
-            })
+            .map(
+                |(group, declarer, topic, version, patterns, started_at, heartbeat_at)| {
+                    InstanceRecord {
+                        group,
+                        declarer,
+                        topic,
+                        version,
+                        patterns,
+                        started_at,
+                        heartbeat_at,
+                    }
+                },
+            )
             .collect())
     }
 }
 
+type InstanceTuple = (
+    String,
+    String,
+    String,
+    String,
+    Vec<String>,
+    chrono::DateTime<chrono::Utc>,
+    chrono::DateTime<chrono::Utc>,
+);
+
 async fn lock_group(conn: &mut PgConnection, lock: &GroupLock) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO consumer_group (group_name, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-        .bind(&lock.group)
-        .bind(&lock.topic)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(
+        "INSERT INTO consumer_group (group_name, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+    )
+    .bind(&lock.group)
+    .bind(&lock.topic)
+    .execute(&mut *conn)
+    .await?;
     sqlx::query("SELECT 1 FROM consumer_group WHERE group_name = $1 FOR UPDATE")
         .bind(&lock.group)
         .execute(conn)
@@ -122,7 +141,10 @@ async fn lock_group(conn: &mut PgConnection, lock: &GroupLock) -> Result<(), Sto
     Ok(())
 }
 
-async fn live_instances(conn: &mut PgConnection, lock: &GroupLock) -> Result<Vec<LiveInstanceRow>, StoreError> {
+async fn live_instances(
+    conn: &mut PgConnection,
+    lock: &GroupLock,
+) -> Result<Vec<LiveInstanceRow>, StoreError> {
     let rows: Vec<(String, Vec<String>)> = sqlx::query_as(
         "SELECT declarer, patterns FROM worker_instance WHERE group_name = $1 \
          AND heartbeat_at > clock_timestamp() - make_interval(secs => $2) ORDER BY declarer",
@@ -137,7 +159,11 @@ async fn live_instances(conn: &mut PgConnection, lock: &GroupLock) -> Result<Vec
         .collect())
 }
 
-async fn upsert_instance(conn: &mut PgConnection, lock: &GroupLock, heartbeat: &Heartbeat) -> Result<(), StoreError> {
+async fn upsert_instance(
+    conn: &mut PgConnection,
+    lock: &GroupLock,
+    heartbeat: &Heartbeat,
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
          VALUES ($1, $2, $3, $4, $5, clock_timestamp(), clock_timestamp()) \

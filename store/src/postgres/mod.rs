@@ -62,12 +62,14 @@ impl PgStore {
         settings: &PgSettings,
         projectors: Vec<Arc<dyn PgProjector>>,
     ) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = settings.url.parse().map_err(|e: sqlx::Error| {
-            StoreError::Url {
-                url: redact(&settings.url),
-                reason: e.to_string(),
-            }
-        })?;
+        let options: PgConnectOptions =
+            settings
+                .url
+                .parse()
+                .map_err(|e: sqlx::Error| StoreError::Url {
+                    url: redact(&settings.url),
+                    reason: e.to_string(),
+                })?;
         let options = options.application_name("wharf");
         let schema = settings.schema.clone();
         if let Some(schema) = &schema {
@@ -137,11 +139,10 @@ impl PgStore {
 
     /// The schema version recorded in the database (0 when never migrated).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        let exists: bool = sqlx::query_scalar(
-            "SELECT to_regclass('wharf_schema_migrations') IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass('wharf_schema_migrations') IS NOT NULL")
+                .fetch_one(&self.pool)
+                .await?;
         if !exists {
             return Ok(0);
         }

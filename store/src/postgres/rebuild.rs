@@ -26,7 +26,7 @@ impl PgStore {
         lock_appends(&mut tx).await?;
         for projector in &catch_up {
             let from = lock_checkpoint(&mut tx, projector.name()).await?;
-            replay(&mut tx, &[projector.clone()], from, &|_| {}).await?;
+            replay(&mut tx, std::slice::from_ref(projector), from, &|_| {}).await?;
         }
         let all: Vec<Arc<dyn PgProjector>> = self
             .projectors
@@ -34,7 +34,10 @@ impl PgStore {
             .cloned()
             .chain(catch_up.iter().cloned())
             .collect();
-        let tables: Vec<&str> = all.iter().flat_map(|p| p.tables().iter().copied()).collect();
+        let tables: Vec<&str> = all
+            .iter()
+            .flat_map(|p| p.tables().iter().copied())
+            .collect();
         if mode == RebuildMode::Verify {
             for table in &tables {
                 sqlx::raw_sql(&format!(
@@ -105,7 +108,10 @@ async fn replay(
     }
 }
 
-async fn compare(conn: &mut PgConnection, tables: &[&str]) -> Result<Vec<TableDifference>, StoreError> {
+async fn compare(
+    conn: &mut PgConnection,
+    tables: &[&str],
+) -> Result<Vec<TableDifference>, StoreError> {
     let mut differences = Vec::new();
     for table in tables {
         let snapshot = snapshot_table(table);

@@ -7,7 +7,7 @@ use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::event::{from_micros, NewEvent, RecordedEvent};
+use crate::event::{from_micros, EventQuery, NewEvent, RecordedEvent};
 use crate::projector::SqliteProjector;
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
@@ -147,7 +147,10 @@ impl RawEvent {
 }
 
 /// Reads a catch-up projector's checkpoint inside `tx` (0 when it never ran).
-pub(crate) fn checkpoint_in_tx(conn: &rusqlite::Connection, projector: &str) -> Result<i64, StoreError> {
+pub(crate) fn checkpoint_in_tx(
+    conn: &rusqlite::Connection,
+    projector: &str,
+) -> Result<i64, StoreError> {
     Ok(conn
         .query_row(
             "SELECT position FROM projection_checkpoint WHERE projector = ?1",
@@ -184,7 +187,15 @@ impl SqliteStore {
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let (kind, id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
         self.write(move |ctx| {
-            append_in_tx(ctx.tx, ctx.projectors, ctx.now, &kind, &id, last_sequence, &events)
+            append_in_tx(
+                ctx.tx,
+                ctx.projectors,
+                ctx.now,
+                &kind,
+                &id,
+                last_sequence,
+                &events,
+            )
         })
         .await
     }
@@ -200,13 +211,53 @@ impl SqliteStore {
     }
 
     /// Reads up to `limit` events after `position`, in commit order.
-    pub async fn read_after(&self, position: i64, limit: i64) -> Result<Vec<RecordedEvent>, StoreError> {
-        self.read(move |conn| read_after_in_tx(conn, position, limit)).await
+    pub async fn read_after(
+        &self,
+        position: i64,
+        limit: i64,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        self.read(move |conn| read_after_in_tx(conn, position, limit))
+            .await
+    }
+
+    /// Reads one aggregate's events matching `query`, in position order.
+    pub async fn query_events(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        query: EventQuery,
+    ) -> Result<Vec<RecordedEvent>, StoreError> {
+        let (kind, id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
+        self.read(move |conn| {
+            let (field, value) = query.payload_field.unzip();
+            let mut stmt = conn.prepare_cached(&format!(
+                "{SELECT_EVENT} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND position > ?3 \
+                 AND (?4 IS NULL OR recorded_at >= ?4) AND (?5 IS NULL OR recorded_at < ?5) \
+                 AND (?6 IS NULL OR json_extract(payload, '$.' || ?6) = ?7) \
+                 ORDER BY position LIMIT ?8"
+            ))?;
+            let rows = stmt.query_map(
+                params![
+                    kind,
+                    id,
+                    query.after_position,
+                    query.since.map(|t| t.timestamp_micros()),
+                    query.until.map(|t| t.timestamp_micros()),
+                    field,
+                    value,
+                    query.limit,
+                ],
+                raw_event,
+            )?;
+            rows.map(|row| row?.decode()).collect()
+        })
+        .await
     }
 
     /// The last position a catch-up projector has applied.
     pub async fn checkpoint(&self, projector: &'static str) -> Result<i64, StoreError> {
-        self.read(move |conn| checkpoint_in_tx(conn, projector)).await
+        self.read(move |conn| checkpoint_in_tx(conn, projector))
+            .await
     }
 
     /// Brings a catch-up projector up to the head of the log, `batch` events per transaction;

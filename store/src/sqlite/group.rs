@@ -87,7 +87,10 @@ impl SqliteStore {
     }
 
     /// Every recorded instance (of one group, or of all), newest heartbeat first.
-    pub async fn instances(&self, group: Option<String>) -> Result<Vec<InstanceRecord>, StoreError> {
+    pub async fn instances(
+        &self,
+        group: Option<String>,
+    ) -> Result<Vec<InstanceRecord>, StoreError> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT group_name, declarer, topic, version, patterns, started_at, heartbeat_at \
@@ -108,7 +111,8 @@ impl SqliteStore {
             rows.map(|row| {
                 let (group, declarer, topic, version, patterns, started, beat) = row?;
                 Ok(InstanceRecord {
-                    patterns: serde_json::from_str(&patterns).map_err(|e| StoreError::decode(0, e))?,
+                    patterns: serde_json::from_str(&patterns)
+                        .map_err(|e| StoreError::decode(0, e))?,
                     group,
                     declarer,
                     topic,

@@ -250,7 +250,9 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock left no half-written transaction behind (rusqlite rolls
     // back on drop), so the connection is still usable.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn blocking<T, F>(f: F) -> Result<T, StoreError>

@@ -24,11 +24,18 @@ impl SqliteStore {
             // Verify compares like with like. Nothing can append meanwhile: we hold the writer.
             for projector in &catch_up {
                 let from = checkpoint_in_tx(tx, projector.name())?;
-                replay(tx, &[projector.clone()], from, &|_| {})?;
+                replay(tx, std::slice::from_ref(projector), from, &|_| {})?;
             }
-            let all: Vec<Arc<dyn SqliteProjector>> =
-                ctx.projectors.iter().cloned().chain(catch_up.iter().cloned()).collect();
-            let tables: Vec<&str> = all.iter().flat_map(|p| p.tables().iter().copied()).collect();
+            let all: Vec<Arc<dyn SqliteProjector>> = ctx
+                .projectors
+                .iter()
+                .cloned()
+                .chain(catch_up.iter().cloned())
+                .collect();
+            let tables: Vec<&str> = all
+                .iter()
+                .flat_map(|p| p.tables().iter().copied())
+                .collect();
             if mode == RebuildMode::Verify {
                 for table in &tables {
                     tx.execute_batch(&format!(
@@ -93,7 +100,10 @@ fn replay(
     }
 }
 
-fn compare(tx: &rusqlite::Transaction<'_>, tables: &[&str]) -> Result<Vec<TableDifference>, StoreError> {
+fn compare(
+    tx: &rusqlite::Transaction<'_>,
+    tables: &[&str],
+) -> Result<Vec<TableDifference>, StoreError> {
     let mut differences = Vec::new();
     for table in tables {
         let snapshot = snapshot_table(table);

@@ -1,0 +1,270 @@
+//! The declaration projectors.
+//!
+//! - [`EffectiveBindings`] (inline): the effective binding rows and the group's effective
+//!   declaration. Runs inside the install/swap transaction, so the binding rows change in the
+//!   same commit as the ledger and a reader sees exactly one declared set.
+//! - [`DeclarerAttempts`] (catch-up): each declarer's newest attempt per group, from which the
+//!   listing derives open waiters. An install also marks every other waiter for the same set
+//!   `resolved`, mirroring the aggregate: those declarers join without appending anything.
+
+use async_trait::async_trait;
+use rusqlite::{params, Transaction};
+use sqlx::PgConnection;
+use wharf_domain::declaration::AGGREGATE_TYPE;
+use wharf_domain::{Attempt, BindingSet, DeclarationEvent};
+use wharf_store::{PgProjector, RecordedEvent, SqliteProjector, StoreError};
+
+/// Decodes a declaration event, or `None` for events of other aggregates.
+fn declaration(event: &RecordedEvent) -> Result<Option<DeclarationEvent>, StoreError> {
+    if event.aggregate_type != AGGREGATE_TYPE {
+        return Ok(None);
+    }
+    event.decode().map(Some)
+}
+
+fn json_patterns(set: &BindingSet) -> String {
+    serde_json::Value::from(set.patterns()).to_string()
+}
+
+/// Inline projector of the effective binding rows (`binding`) and `effective_declaration`.
+pub struct EffectiveBindings;
+
+impl EffectiveBindings {
+    /// The projector's name.
+    pub const NAME: &'static str = "effective_bindings";
+    const TABLES: &'static [&'static str] = &["binding", "effective_declaration"];
+}
+
+impl SqliteProjector for EffectiveBindings {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        Self::TABLES
+    }
+
+    fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
+        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
+            return Ok(());
+        };
+        let group = attempt.group.as_str();
+        tx.execute("DELETE FROM binding WHERE group_name = ?1", [group])?;
+        let mut insert =
+            tx.prepare_cached("INSERT INTO binding (group_name, pattern) VALUES (?1, ?2)")?;
+        for pattern in attempt.patterns.filters() {
+            insert.execute(params![group, pattern.as_str()])?;
+        }
+        tx.execute(
+            "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+             previous, declared_at, attempt_at, position, installs) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1) \
+             ON CONFLICT (group_name) DO UPDATE SET topic = excluded.topic, \
+             declarer = excluded.declarer, version = excluded.version, patterns = excluded.patterns, \
+             previous = excluded.previous, declared_at = excluded.declared_at, \
+             attempt_at = excluded.attempt_at, position = excluded.position, \
+             installs = effective_declaration.installs + 1",
+            params![
+                group,
+                attempt.topic.as_str(),
+                attempt.declarer.as_str(),
+                attempt.version.as_str(),
+                json_patterns(&attempt.patterns),
+                previous.as_ref().map(json_patterns),
+                attempt.declared_at.timestamp_micros(),
+                attempt.attempt_at.timestamp_micros(),
+                event.position,
+            ],
+        )?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl PgProjector for EffectiveBindings {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        Self::TABLES
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError> {
+        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
+            return Ok(());
+        };
+        let group = attempt.group.as_str();
+        sqlx::query("DELETE FROM binding WHERE group_name = $1")
+            .bind(group)
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query("INSERT INTO binding (group_name, pattern) SELECT $1, unnest($2::text[])")
+            .bind(group)
+            .bind(attempt.patterns.patterns())
+            .execute(&mut *conn)
+            .await?;
+        sqlx::query(
+            "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+             previous, declared_at, attempt_at, position, installs) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1) \
+             ON CONFLICT (group_name) DO UPDATE SET topic = excluded.topic, \
+             declarer = excluded.declarer, version = excluded.version, patterns = excluded.patterns, \
+             previous = excluded.previous, declared_at = excluded.declared_at, \
+             attempt_at = excluded.attempt_at, position = excluded.position, \
+             installs = effective_declaration.installs + 1",
+        )
+        .bind(group)
+        .bind(attempt.topic.as_str())
+        .bind(attempt.declarer.as_str())
+        .bind(attempt.version.as_str())
+        .bind(attempt.patterns.patterns())
+        .bind(previous.as_ref().map(BindingSet::patterns))
+        .bind(attempt.declared_at)
+        .bind(attempt.attempt_at)
+        .bind(event.position)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// Catch-up projector of each declarer's newest attempt per group (`declarer_attempt`).
+pub struct DeclarerAttempts;
+
+impl DeclarerAttempts {
+    /// The projector's name (its checkpoint key).
+    pub const NAME: &'static str = "declarer_attempts";
+    const TABLES: &'static [&'static str] = &["declarer_attempt"];
+}
+
+/// The row a declaration event leaves in `declarer_attempt`.
+struct AttemptRow<'a> {
+    attempt: &'a Attempt,
+    status: &'static str,
+    incumbent: Option<&'a BindingSet>,
+}
+
+fn attempt_row(event: &DeclarationEvent) -> AttemptRow<'_> {
+    match event {
+        DeclarationEvent::Installed { attempt, .. } => AttemptRow {
+            attempt,
+            status: "installed",
+            incumbent: None,
+        },
+        DeclarationEvent::Waiting {
+            attempt, incumbent, ..
+        } => AttemptRow {
+            attempt,
+            status: "waiting",
+            incumbent: Some(incumbent),
+        },
+    }
+}
+
+impl SqliteProjector for DeclarerAttempts {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        Self::TABLES
+    }
+
+    fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
+        let Some(declared) = declaration(event)? else {
+            return Ok(());
+        };
+        let row = attempt_row(&declared);
+        tx.execute(
+            "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+             incumbent, declared_at, attempt_at, position) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (group_name, declarer) DO UPDATE SET status = excluded.status, \
+             version = excluded.version, patterns = excluded.patterns, incumbent = excluded.incumbent, \
+             declared_at = excluded.declared_at, attempt_at = excluded.attempt_at, \
+             position = excluded.position WHERE excluded.position > declarer_attempt.position",
+            params![
+                row.attempt.group.as_str(),
+                row.attempt.declarer.as_str(),
+                row.status,
+                row.attempt.version.as_str(),
+                json_patterns(&row.attempt.patterns),
+                row.incumbent.map(json_patterns),
+                row.attempt.declared_at.timestamp_micros(),
+                row.attempt.attempt_at.timestamp_micros(),
+                event.position,
+            ],
+        )?;
+        if row.status == "installed" {
+            tx.execute(
+                "UPDATE declarer_attempt SET status = 'resolved' WHERE group_name = ?1 \
+                 AND status = 'waiting' AND patterns = ?2 AND declarer <> ?3",
+                params![
+                    row.attempt.group.as_str(),
+                    json_patterns(&row.attempt.patterns),
+                    row.attempt.declarer.as_str(),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl PgProjector for DeclarerAttempts {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        Self::TABLES
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError> {
+        let Some(declared) = declaration(event)? else {
+            return Ok(());
+        };
+        let row = attempt_row(&declared);
+        sqlx::query(
+            "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+             incumbent, declared_at, attempt_at, position) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (group_name, declarer) DO UPDATE SET status = excluded.status, \
+             version = excluded.version, patterns = excluded.patterns, incumbent = excluded.incumbent, \
+             declared_at = excluded.declared_at, attempt_at = excluded.attempt_at, \
+             position = excluded.position WHERE excluded.position > declarer_attempt.position",
+        )
+        .bind(row.attempt.group.as_str())
+        .bind(row.attempt.declarer.as_str())
+        .bind(row.status)
+        .bind(row.attempt.version.as_str())
+        .bind(row.attempt.patterns.patterns())
+        .bind(row.incumbent.map(BindingSet::patterns))
+        .bind(row.attempt.declared_at)
+        .bind(row.attempt.attempt_at)
+        .bind(event.position)
+        .execute(&mut *conn)
+        .await?;
+        if row.status == "installed" {
+            sqlx::query(
+                "UPDATE declarer_attempt SET status = 'resolved' WHERE group_name = $1 \
+                 AND status = 'waiting' AND patterns = $2 AND declarer <> $3",
+            )
+            .bind(row.attempt.group.as_str())
+            .bind(row.attempt.patterns.patterns())
+            .bind(row.attempt.declarer.as_str())
+            .execute(conn)
+            .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,162 @@
+//! Wharf's read side: projections of the ledger and the queries that serve them.
+//!
+//! - Inline projectors (run in the append transaction): [`EffectiveBindings`], the effective
+//!   binding rows that claims read, and each group's effective declaration.
+//! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
+//!   per declarer, from which open waiters are listed.
+//! - Reads: [`ReadModel`] lists groups, their waiters and instances, and pages audit history.
+//! - Maintenance: rebuild (a replay, see `wharf_store::rebuild`) and the deferred [`prune`].
+//!
+//! Architecture invariant: projections only read events and write their own tables; nothing
+//! here decides anything or appends an event.
+
+pub mod audit;
+pub mod declaration;
+pub mod error;
+pub mod prune;
+mod rows;
+pub mod views;
+
+use std::sync::Arc;
+
+use wharf_domain::GroupName;
+use wharf_store::{
+    PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store, StoreError,
+};
+
+pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
+pub use declaration::{DeclarerAttempts, EffectiveBindings};
+pub use error::ProjectionError;
+pub use prune::{prune, PruneOptions, PruneReport};
+pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
+
+/// How many events a catch-up transaction applies at most.
+const CATCH_UP_BATCH: i64 = 500;
+
+/// The inline projectors a SQLite store must run.
+pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
+    vec![Arc::new(EffectiveBindings)]
+}
+
+/// The inline projectors a Postgres store must run.
+pub fn pg_inline() -> Vec<Arc<dyn PgProjector>> {
+    vec![Arc::new(EffectiveBindings)]
+}
+
+fn sqlite_catch_up() -> Vec<Arc<dyn SqliteProjector>> {
+    vec![Arc::new(DeclarerAttempts)]
+}
+
+fn pg_catch_up() -> Vec<Arc<dyn PgProjector>> {
+    vec![Arc::new(DeclarerAttempts)]
+}
+
+/// The read model over a store: listing, audit, catch-up, rebuild, prune.
+#[derive(Clone)]
+pub struct ReadModel {
+    store: Store,
+    instance_ttl: chrono::Duration,
+}
+
+impl ReadModel {
+    /// A read model over `store`; instances with a heartbeat older than `instance_ttl` show as
+    /// not live.
+    pub fn new(store: Store, instance_ttl: std::time::Duration) -> Self {
+        Self {
+            store,
+            instance_ttl: chrono::Duration::from_std(instance_ttl).unwrap_or(chrono::Duration::MAX),
+        }
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Applies every event the catch-up projectors have not seen; returns how many.
+    pub async fn catch_up(&self) -> Result<u64, StoreError> {
+        let mut applied = 0;
+        match &self.store {
+            Store::Sqlite(s) => {
+                for projector in sqlite_catch_up() {
+                    applied += s.catch_up(projector, CATCH_UP_BATCH).await?;
+                }
+            }
+            Store::Postgres(s) => {
+                for projector in pg_catch_up() {
+                    applied += s.catch_up(projector, CATCH_UP_BATCH).await?;
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Every declared group with its effective set, open waiters and instances. Catches up
+    /// first, so a caller reads its own writes.
+    pub async fn groups(&self) -> Result<Vec<GroupView>, ProjectionError> {
+        self.catch_up().await?;
+        self.assemble(None).await
+    }
+
+    /// One group, or `None` when it was never declared.
+    pub async fn group(&self, group: &GroupName) -> Result<Option<GroupView>, ProjectionError> {
+        self.catch_up().await?;
+        Ok(self
+            .assemble(Some(group.to_string()))
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn assemble(&self, group: Option<String>) -> Result<Vec<GroupView>, ProjectionError> {
+        let (effective, waiting) = match &self.store {
+            Store::Sqlite(s) => (
+                rows::sqlite_effective(s, group.clone()).await?,
+                rows::sqlite_waiting(s, group.clone()).await?,
+            ),
+            Store::Postgres(s) => (
+                rows::pg_effective(s, group.clone()).await?,
+                rows::pg_waiting(s, group.clone()).await?,
+            ),
+        };
+        let instances = self.store.instances(group).await?;
+        let now = self.store.now().await?;
+        Ok(views::assemble(
+            effective,
+            waiting,
+            instances,
+            now,
+            self.instance_ttl,
+        ))
+    }
+
+    /// The group's effective binding rows, as claims read them (empty = whole topic).
+    pub async fn effective_bindings(&self, group: &GroupName) -> Result<Vec<String>, StoreError> {
+        match &self.store {
+            Store::Sqlite(s) => rows::sqlite_bindings(s, group.to_string()).await,
+            Store::Postgres(s) => rows::pg_bindings(s, group.to_string()).await,
+        }
+    }
+
+    /// A page of a group's declaration history from the ledger.
+    pub async fn history(&self, query: &HistoryQuery) -> Result<HistoryPage, ProjectionError> {
+        audit::history(&self.store, query).await
+    }
+
+    /// Rebuilds every projection from the log (or, with Verify, compares without changing).
+    pub async fn rebuild(
+        &self,
+        mode: RebuildMode,
+        progress: Progress,
+    ) -> Result<RebuildReport, StoreError> {
+        match &self.store {
+            Store::Sqlite(s) => s.rebuild(sqlite_catch_up(), mode, progress).await,
+            Store::Postgres(s) => s.rebuild(pg_catch_up(), mode, progress).await,
+        }
+    }
+
+    /// Runs the deferred pruner once.
+    pub async fn prune(&self, options: PruneOptions) -> Result<PruneReport, StoreError> {
+        prune::prune(&self.store, options).await
+    }
+}

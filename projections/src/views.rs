@@ -1,0 +1,174 @@
+//! The listing views: what the REST API and the CLI show about consumer groups.
+//!
+//! Assembled from three sources: the inline `effective_declaration` rows, the catch-up
+//! `declarer_attempt` rows (open waiters, resolved by set comparison against the effective set)
+//! and the worker-instance heartbeats (live by the store's clock).
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use wharf_store::InstanceRecord;
+
+/// One consumer group as listed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupView {
+    /// The group's name.
+    pub group: String,
+    /// The topic it consumes.
+    pub topic: String,
+    /// The effective declaration (newest installed).
+    pub effective: EffectiveView,
+    /// Attempts blocked on a live incumbent's different set.
+    pub waiters: Vec<WaiterView>,
+    /// Recorded instances, live or not.
+    pub instances: Vec<InstanceView>,
+}
+
+/// A group's effective declaration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EffectiveView {
+    /// The effective set; empty means the whole topic.
+    pub patterns: Vec<String>,
+    /// True when the set is the whole topic.
+    pub whole_topic: bool,
+    /// Who installed it.
+    pub declarer: String,
+    /// The installer's application version.
+    pub version: String,
+    /// When the installer first stated the set (start of its wait, if it waited).
+    pub declared_at: DateTime<Utc>,
+    /// When it was installed.
+    pub installed_at: DateTime<Utc>,
+    /// The ledger position of the install.
+    pub position: i64,
+    /// How many set changes the group has had.
+    pub installs: i64,
+    /// The set it replaced (absent on the first install).
+    pub previous: Option<Vec<String>>,
+}
+
+/// An open wait.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaiterView {
+    /// Who waits.
+    pub declarer: String,
+    /// Its application version.
+    pub version: String,
+    /// The set it asks for.
+    pub patterns: Vec<String>,
+    /// The set it waited on at its newest attempt.
+    pub incumbent: Vec<String>,
+    /// When it first stated its set.
+    pub declared_at: DateTime<Utc>,
+    /// Its newest attempt: its liveness as a waiter.
+    pub last_attempt_at: DateTime<Utc>,
+    /// How long it has been waiting, in seconds, by the store's clock.
+    pub waiting_seconds: f64,
+    /// Seconds since its newest attempt: a large value means a dead waiter.
+    pub silent_seconds: f64,
+}
+
+/// A worker instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstanceView {
+    /// The instance's declarer identity.
+    pub declarer: String,
+    /// Its application version.
+    pub version: String,
+    /// The set it runs with.
+    pub patterns: Vec<String>,
+    /// When it first heartbeated.
+    pub started_at: DateTime<Utc>,
+    /// Its newest heartbeat.
+    pub heartbeat_at: DateTime<Utc>,
+    /// True when the heartbeat is fresher than the TTL.
+    pub live: bool,
+}
+
+/// A row of `effective_declaration`.
+#[derive(Debug, Clone)]
+pub(crate) struct EffectiveRow {
+    pub group: String,
+    pub topic: String,
+    pub declarer: String,
+    pub version: String,
+    pub patterns: Vec<String>,
+    pub previous: Option<Vec<String>>,
+    pub declared_at: DateTime<Utc>,
+    pub attempt_at: DateTime<Utc>,
+    pub position: i64,
+    pub installs: i64,
+}
+
+/// A waiting row of `declarer_attempt`.
+#[derive(Debug, Clone)]
+pub(crate) struct WaitingRow {
+    pub group: String,
+    pub declarer: String,
+    pub version: String,
+    pub patterns: Vec<String>,
+    pub incumbent: Vec<String>,
+    pub declared_at: DateTime<Utc>,
+    pub attempt_at: DateTime<Utc>,
+}
+
+fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+/// Builds the views from rows read at `now` with instance TTL `ttl`.
+pub(crate) fn assemble(
+    effective: Vec<EffectiveRow>,
+    waiting: Vec<WaitingRow>,
+    instances: Vec<InstanceRecord>,
+    now: DateTime<Utc>,
+    ttl: chrono::Duration,
+) -> Vec<GroupView> {
+    effective
+        .into_iter()
+        .map(|row| {
+            let waiters = waiting
+                .iter()
+                .filter(|w| w.group == row.group && w.patterns != row.patterns)
+                .map(|w| WaiterView {
+                    declarer: w.declarer.clone(),
+                    version: w.version.clone(),
+                    patterns: w.patterns.clone(),
+                    incumbent: w.incumbent.clone(),
+                    declared_at: w.declared_at,
+                    last_attempt_at: w.attempt_at,
+                    waiting_seconds: seconds_between(w.declared_at, now),
+                    silent_seconds: seconds_between(w.attempt_at, now),
+                })
+                .collect();
+            let instances = instances
+                .iter()
+                .filter(|i| i.group == row.group)
+                .map(|i| InstanceView {
+                    declarer: i.declarer.clone(),
+                    version: i.version.clone(),
+                    patterns: i.patterns.clone(),
+                    started_at: i.started_at,
+                    heartbeat_at: i.heartbeat_at,
+                    live: i.heartbeat_at > now - ttl,
+                })
+                .collect();
+            GroupView {
+                effective: EffectiveView {
+                    whole_topic: row.patterns.is_empty(),
+                    patterns: row.patterns,
+                    declarer: row.declarer,
+                    version: row.version,
+                    declared_at: row.declared_at,
+                    installed_at: row.attempt_at,
+                    position: row.position,
+                    installs: row.installs,
+                    previous: row.previous,
+                },
+                group: row.group,
+                topic: row.topic,
+                waiters,
+                instances,
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,192 @@
+//! Shared harness for Wharf's integration tests: a fresh real store per test, on a SQLite file
+//! in a temporary directory or in a fresh schema of the real Postgres.
+//!
+//! Postgres is found at `WHARF_TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
+//! When it cannot be reached the Postgres half of a test fails; it never skips.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tempfile::TempDir;
+use wharf::config::DeclarationConfig;
+use wharf::store::{PgSettings, PgStore, SqliteStore, Store};
+use wharf::{Config, Wharf};
+
+/// The Postgres URL tests use.
+pub fn pg_url() -> String {
+    std::env::var("WHARF_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// Which backend a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file.
+    Sqlite,
+    /// A fresh schema in the test Postgres.
+    Postgres,
+}
+
+/// A fresh, migrated store; dropped with its file or schema.
+pub struct TestStore {
+    /// The store.
+    pub store: Store,
+    /// Which backend.
+    pub backend: Backend,
+    dir: Option<TempDir>,
+    schema: Option<String>,
+}
+
+impl TestStore {
+    /// A fresh migrated store on `backend`.
+    pub async fn new(backend: Backend) -> Self {
+        let store = Self::unmigrated(backend).await;
+        store
+            .store
+            .migrate()
+            .await
+            .expect("migrating a fresh store");
+        store
+    }
+
+    /// A fresh store on `backend` whose schema has not been migrated.
+    pub async fn unmigrated(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let path = dir.path().join("wharf.db");
+                let store = SqliteStore::open(&path, wharf::projections::sqlite_inline())
+                    .await
+                    .expect("opening a SQLite file");
+                Self {
+                    store: Store::Sqlite(store),
+                    backend,
+                    dir: Some(dir),
+                    schema: None,
+                }
+            }
+            Backend::Postgres => {
+                let schema = format!("wharf_t_{:016x}", rand::thread_rng().gen::<u64>());
+                let settings = Self::pg_settings(&schema);
+                PgStore::create_schema(&settings).await.unwrap_or_else(|e| {
+                    panic!("Postgres at {} is required for this test: {e}", pg_url())
+                });
+                let store = PgStore::connect(&settings, wharf::projections::pg_inline())
+                    .expect("connecting to Postgres");
+                Self {
+                    store: Store::Postgres(store),
+                    backend,
+                    dir: None,
+                    schema: Some(schema),
+                }
+            }
+        }
+    }
+
+    /// Settings for a pool on `schema` of the test database.
+    pub fn pg_settings(schema: &str) -> PgSettings {
+        PgSettings {
+            schema: Some(schema.to_owned()),
+            max_connections: 24,
+            ..PgSettings::new(pg_url())
+        }
+    }
+
+    /// The store URL and schema, for configuring a `wharf` process on the same store.
+    pub fn config(&self) -> Config {
+        let mut config = Config::default();
+        config.declarations = fast_declarations();
+        match (&self.dir, &self.schema) {
+            (Some(dir), _) => {
+                config.store.url = format!("sqlite://{}", dir.path().join("wharf.db").display());
+            }
+            (None, Some(schema)) => {
+                config.store.url = pg_url();
+                config.store.schema = schema.clone();
+            }
+            (None, None) => unreachable!("a test store is a file or a schema"),
+        }
+        config
+    }
+
+    /// A Wharf over this store with fast test timings.
+    pub fn wharf(&self) -> Wharf {
+        Wharf::with_store(self.store.clone(), &self.config())
+    }
+
+    /// The Postgres schema, when on Postgres.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        let Some(schema) = self.schema.take() else {
+            return;
+        };
+        // Drop the schema from a separate thread with its own runtime: Drop cannot await.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async {
+                    use sqlx::Connection;
+                    if let Ok(mut conn) = sqlx::PgConnection::connect(&pg_url()).await {
+                        let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                });
+            }
+        })
+        .join();
+    }
+}
+
+/// Declaration timings short enough for tests: heartbeats every 50 ms, dead after 400 ms.
+pub fn fast_declarations() -> DeclarationConfig {
+    DeclarationConfig {
+        retry_interval: Duration::from_millis(50),
+        heartbeat_interval: Duration::from_millis(50),
+        instance_ttl: Duration::from_millis(400),
+    }
+}
+
+/// Waits until `condition` holds, polling every 10 ms, failing the test after `deadline`.
+pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs an async test body once per backend, each in its own `#[tokio::test]`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$body($crate::Backend::Sqlite).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$body($crate::Backend::Postgres).await;
+            }
+        }
+    };
+}

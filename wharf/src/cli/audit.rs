@@ -1,0 +1,131 @@
+//! `audit declarations` and `groups`: the ledger and the listing, as a table or JSON.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use wharf::domain::GroupName;
+use wharf::projections::{HistoryQuery, ReadModel};
+use wharf::Config;
+
+#[derive(Debug, Args)]
+pub struct DeclarationsArgs {
+    /// The consumer group.
+    #[arg(long)]
+    pub group: String,
+    /// Only entries recorded at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<DateTime<Utc>>,
+    /// Only entries recorded before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<DateTime<Utc>>,
+    /// Only this declarer's entries (hostname:pid:random).
+    #[arg(long)]
+    pub declarer: Option<String>,
+    /// Only entries after this ledger position (a previous page's next_after).
+    #[arg(long, default_value_t = 0)]
+    pub after: i64,
+    /// Entries per page (1 to 1000).
+    #[arg(long, default_value_t = 100)]
+    pub limit: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GroupsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+async fn read_model(config: &Config) -> anyhow::Result<ReadModel> {
+    let store = wharf::open_store(&config.store).await?;
+    store.ensure_migrated().await?;
+    Ok(ReadModel::new(store, config.declarations.instance_ttl))
+}
+
+pub async fn declarations(config: &Config, args: DeclarationsArgs) -> anyhow::Result<ExitCode> {
+    let group = GroupName::parse("--group", &args.group)?;
+    let query = HistoryQuery {
+        group,
+        since: args.since,
+        until: args.until,
+        declarer: args.declarer,
+        after: args.after,
+        limit: args.limit,
+    };
+    query.validate()?;
+    let page = read_model(config).await?.history(&query).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&page).context("encoding JSON")?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>8}  {:<9}  {:<24}  {:<32}  {:<12}  {:<24}  patterns",
+        "position", "status", "recorded_at", "declarer", "version", "declared_at"
+    );
+    for entry in &page.entries {
+        println!(
+            "{:>8}  {:<9}  {:<24}  {:<32}  {:<12}  {:<24}  {}",
+            entry.position,
+            entry.status,
+            entry.recorded_at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            entry.declarer,
+            entry.version,
+            entry.declared_at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            show_set(&entry.patterns),
+        );
+    }
+    if let Some(next) = page.next_after {
+        println!("(more: --after {next})");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCode> {
+    let groups = read_model(config).await?.groups().await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&groups).context("encoding JSON")?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for group in &groups {
+        let live = group.instances.iter().filter(|i| i.live).count();
+        println!(
+            "{} (topic {}): {} — installed by {} at {}; {} live instance(s), {} waiter(s)",
+            group.group,
+            group.topic,
+            show_set(&group.effective.patterns),
+            group.effective.declarer,
+            group.effective.installed_at.to_rfc3339(),
+            live,
+            group.waiters.len()
+        );
+        for waiter in &group.waiters {
+            println!(
+                "    WAITING {} wants {} for {:.0}s (last attempt {:.0}s ago)",
+                waiter.declarer,
+                show_set(&waiter.patterns),
+                waiter.waiting_seconds,
+                waiter.silent_seconds
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show_set(patterns: &[String]) -> String {
+    if patterns.is_empty() {
+        "{whole topic}".to_owned()
+    } else {
+        format!("{{{}}}", patterns.join(", "))
+    }
+}

@@ -1,0 +1,128 @@
+//! Command-line parsing and dispatch. Each command lives in its own module.
+
+mod audit;
+mod maintenance;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use wharf::Config;
+
+/// Wharf: declared consumer-group bindings over an event-sourced ledger.
+#[derive(Debug, Parser)]
+#[command(name = "wharf", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// A TOML configuration file (see `wharf config default`).
+    #[arg(short, long, global = true, env = "WHARF_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The store URL, overriding the configuration: sqlite://PATH or postgres://...
+    #[arg(long, global = true)]
+    pub store_url: Option<String>,
+    /// More log output: -v for debug, -vv for trace.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the REST listing API (and run catch-up projections and the pruner schedule).
+    Serve,
+    /// Apply pending schema migrations and exit.
+    Migrate,
+    /// Projection maintenance.
+    Projections {
+        #[command(subcommand)]
+        command: ProjectionsCommand,
+    },
+    /// Trim superseded waiting attempts from the declaration ledger.
+    Prune(maintenance::PruneArgs),
+    /// Audit queries on the ledger.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// List consumer groups with their effective sets, waiters and instances.
+    Groups(audit::GroupsArgs),
+    /// Configuration helpers.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProjectionsCommand {
+    /// Replay the whole log into the projections; with --verify, compare and change nothing.
+    Rebuild(maintenance::RebuildArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// A group's declaration history: who declared what, when.
+    Declarations(audit::DeclarationsArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print the default configuration as TOML.
+    Default,
+}
+
+/// Sets up logging: info by default, raised by -v, overridden by RUST_LOG.
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
+    let mut config = Config::load(global.config.as_deref(), std::env::vars())?;
+    if let Some(url) = &global.store_url {
+        config.store.url = url.clone();
+    }
+    Ok(config)
+}
+
+/// Runs the parsed command.
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Command::Config {
+        command: ConfigCommand::Default,
+    } = cli.command
+    {
+        print!("{}", Config::default_toml());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config = load_config(&cli.global)?;
+    match cli.command {
+        Command::Serve => serve::run(config).await,
+        Command::Migrate => maintenance::migrate(&config).await,
+        Command::Projections {
+            command: ProjectionsCommand::Rebuild(args),
+        } => maintenance::rebuild(&config, args).await,
+        Command::Prune(args) => maintenance::prune(&config, args).await,
+        Command::Audit {
+            command: AuditCommand::Declarations(args),
+        } => audit::declarations(&config, args).await,
+        Command::Groups(args) => audit::groups(&config, args).await,
+        Command::Config { .. } => Ok(ExitCode::SUCCESS),
+    }
+}

@@ -1,0 +1,93 @@
+//! `serve`: the REST listing API, plus the catch-up projection loop and the pruner schedule.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tracing::{error, info};
+use wharf::projections::{PruneOptions, ReadModel};
+use wharf::{Config, Wharf};
+
+/// How often the catch-up projectors poll the log when idle.
+const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
+
+pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
+    let wharf = Wharf::open(&config)
+        .await
+        .context("opening the store (serve fails closed when it is unreachable)")?;
+    let read = wharf.read_model().clone();
+    let listener = tokio::net::TcpListener::bind(config.http.listen)
+        .await
+        .with_context(|| format!("binding http.listen {}", config.http.listen))?;
+    info!(
+        listen = %listener.local_addr()?,
+        backend = wharf.store().backend(),
+        declarer = %wharf.declarer(),
+        "wharf serving"
+    );
+    let (stop_tx, stop) = watch::channel(false);
+    let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
+    let pruner = tokio::spawn(prune_loop(read.clone(), config.clone(), stop.clone()));
+    let state = wharf_api::ApiState::new(read);
+    wharf_api::serve(listener, state, shutdown_signal()).await?;
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(catch_up, pruner);
+    info!("wharf stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn catch_up_loop(read: ReadModel, mut stop: watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = read.catch_up().await {
+            error!(error = %e, "catch-up projection failed; retrying");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(CATCH_UP_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn prune_loop(read: ReadModel, config: Config, mut stop: watch::Receiver<bool>) {
+    if config.prune.interval.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(config.prune.interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let options = PruneOptions {
+            retention: config.prune.retention,
+            dry_run: false,
+            batch: config.prune.batch,
+        };
+        match read.prune(options).await {
+            Ok(report) => info!(deleted = report.deleted, cutoff = %report.cutoff, "pruned"),
+            Err(e) => error!(error = %e, "prune failed; next run at the next interval"),
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    info!("shutdown requested");
+}

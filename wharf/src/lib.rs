@@ -1,0 +1,157 @@
+//! Wharf as an embeddable library: declare a consumer group's binding set, wait visibly while a
+//! live incumbent declares a different one, and read the ledger's projections.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), wharf::WharfError> {
+//! use wharf::{Config, Registration, Wharf};
+//!
+//! let wharf = Wharf::open(&Config::default()).await?; // ./wharf.db, migrated on open
+//! let registration = Registration::new("billing", "orders", "2.4.1", &["orders/+/paid"])?;
+//! let consumer = wharf.consume(registration);
+//! // ... report `consumer.is_ready()` from your readiness probe ...
+//! consumer.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! Architecture invariant: this crate is the composition root. It wires the store, the
+//! projections and the domain together and owns every clock and timer; the decision itself
+//! stays in `wharf-domain`.
+
+pub mod config;
+pub mod consumer;
+pub mod declare;
+pub mod declarer;
+pub mod error;
+
+use wharf_domain::{DeclarerId, RegisterOutcome};
+use wharf_projections::ReadModel;
+use wharf_store::{PgSettings, PgStore, SqliteStore, Store, StoreLocation};
+
+pub use config::Config;
+pub use consumer::{Consumer, ConsumerState};
+pub use declare::Registration;
+pub use error::WharfError;
+pub use wharf_domain as domain;
+pub use wharf_projections as projections;
+pub use wharf_store as store;
+
+/// An open Wharf: a store with its projections, and this process's declarer identity.
+#[derive(Clone)]
+pub struct Wharf {
+    store: Store,
+    read: ReadModel,
+    settings: config::DeclarationConfig,
+    declarer: DeclarerId,
+}
+
+impl Wharf {
+    /// Opens the configured store, migrating it when `store.auto_migrate` is set and failing
+    /// closed otherwise (an unreachable or unmigrated store is an error, never a fallback).
+    pub async fn open(config: &Config) -> Result<Self, WharfError> {
+        let store = open_store(&config.store).await?;
+        if config.store.auto_migrate {
+            store.migrate().await?;
+        } else {
+            store.ensure_migrated().await?;
+        }
+        Ok(Self::with_store(store, config))
+    }
+
+    /// Wraps an already-open, migrated store.
+    pub fn with_store(store: Store, config: &Config) -> Self {
+        let read = ReadModel::new(store.clone(), config.declarations.instance_ttl);
+        Self {
+            store,
+            read,
+            settings: config.declarations.clone(),
+            declarer: declarer::process_declarer(),
+        }
+    }
+
+    /// The same Wharf acting as another declarer (tests that simulate several processes).
+    pub fn as_declarer(&self, declarer: DeclarerId) -> Self {
+        Self {
+            declarer,
+            ..self.clone()
+        }
+    }
+
+    /// This process's declarer identity.
+    pub fn declarer(&self) -> &DeclarerId {
+        &self.declarer
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The read model: listing, audit, rebuild, prune.
+    pub fn read_model(&self) -> &ReadModel {
+        &self.read
+    }
+
+    /// Attempts the declaration once and returns the outcome: joined, installed, or waiting
+    /// (with the incumbent set and its live declarers). Records no heartbeat: only `consume`
+    /// makes this instance a live declarer.
+    #[tracing::instrument(skip_all, fields(group = %registration.group, declarer = %self.declarer))]
+    pub async fn register(
+        &self,
+        registration: &Registration,
+    ) -> Result<RegisterOutcome, WharfError> {
+        let outcome = declare::attempt(
+            &self.store,
+            &self.declarer,
+            registration,
+            self.settings.instance_ttl,
+            false,
+            None,
+        )
+        .await?;
+        tracing::info!(?outcome, bindings = %registration.bindings, "register attempted");
+        Ok(outcome)
+    }
+
+    /// Declares the static set of a seeded system group (e.g. the alert consumers). Its
+    /// consumers join at their own `register`/`consume` with the same set.
+    #[tracing::instrument(skip_all, fields(group = %registration.group))]
+    pub async fn register_system(
+        &self,
+        registration: &Registration,
+    ) -> Result<RegisterOutcome, WharfError> {
+        self.register(registration).await
+    }
+
+    /// Starts a consumer: it re-attempts the declaration every `retry_interval` until it joins
+    /// or installs, then heartbeats. Not ready while waiting. No timeout.
+    pub fn consume(&self, registration: Registration) -> Consumer {
+        consumer::start(consumer::Lifecycle {
+            store: self.store.clone(),
+            read: self.read.clone(),
+            declarer: self.declarer.clone(),
+            registration,
+            settings: self.settings.clone(),
+        })
+    }
+}
+
+/// Opens (without migrating) the store a configuration names.
+pub async fn open_store(config: &config::StoreConfig) -> Result<Store, WharfError> {
+    match StoreLocation::parse(&config.url)? {
+        StoreLocation::Sqlite(path) => Ok(Store::Sqlite(
+            SqliteStore::open(path, wharf_projections::sqlite_inline()).await?,
+        )),
+        StoreLocation::Postgres(url) => {
+            let settings = PgSettings {
+                schema: (!config.schema.is_empty()).then(|| config.schema.clone()),
+                max_connections: config.max_connections,
+                ..PgSettings::new(url)
+            };
+            PgStore::create_schema(&settings).await?;
+            Ok(Store::Postgres(PgStore::connect(
+                &settings,
+                wharf_projections::pg_inline(),
+            )?))
+        }
+    }
+}
