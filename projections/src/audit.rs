@@ -107,7 +107,9 @@ pub struct HistoryEntry {
 pub struct HistoryPage {
     /// The entries, in ledger order.
     pub entries: Vec<HistoryEntry>,
-    /// Pass as `after` for the next page; absent when this page is the last.
+    /// Pass as `after` for the next page. `null` when this page was not full; a full last
+    /// page still names a cursor, whose page then comes back empty (cursor paging never
+    /// counts ahead).
     pub next_after: Option<i64>,
 }
 

@@ -90,6 +90,7 @@ impl StoreError {
                 e.code,
                 rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::DatabaseBusy
             ),
+            Self::Projection { source, .. } => source.is_unavailable(),
             _ => false,
         }
     }

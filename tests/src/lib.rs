@@ -94,8 +94,10 @@ impl TestStore {
 
     /// The store URL and schema, for configuring a `wharf` process on the same store.
     pub fn config(&self) -> Config {
-        let mut config = Config::default();
-        config.declarations = fast_declarations();
+        let mut config = Config {
+            declarations: fast_declarations(),
+            ..Config::default()
+        };
         match (&self.dir, &self.schema) {
             (Some(dir), _) => {
                 config.store.url = format!("sqlite://{}", dir.path().join("wharf.db").display());

@@ -146,12 +146,12 @@ impl Lifecycle {
     async fn run(self, state: watch::Sender<ConsumerState>, mut stop: watch::Receiver<bool>) {
         let mut first_declared_at = None;
         loop {
-            match self
+            if self
                 .declare(&state, &mut stop, &mut first_declared_at)
                 .await
+                .is_none()
             {
-                None => break,
-                Some(()) => {}
+                break;
             }
             match self.consume_phase(&state, &mut stop).await {
                 Interrupt::Stop => break,

@@ -1,0 +1,143 @@
+//! Wharf's read-only REST listing API: consumer groups, their declaration history, probes and
+//! the OpenAPI document, served as JSON with axum.
+//!
+//! | route | answers |
+//! | --- | --- |
+//! | `GET /api/v1/groups` | `{"groups": [GroupView...]}` |
+//! | `GET /api/v1/groups/{group}` | one `GroupView`; 400 for a bad name, 404 if never declared |
+//! | `GET /api/v1/groups/{group}/declarations` | a `HistoryPage`, filtered and paged |
+//! | `GET /api/v1/openapi.json` | the OpenAPI 3.1 document |
+//! | `GET /healthz` | liveness: always `{"status":"pass"}` |
+//! | `GET /readyz` | readiness: the store is reachable and migrated |
+//!
+//! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
+//! including unknown paths. Every request runs in a tracing span naming its method and path.
+//!
+//! Architecture invariant: this crate only reads. It calls [`wharf_projections::ReadModel`]
+//! and nothing that decides or appends.
+
+pub mod error;
+mod handlers;
+pub mod openapi;
+pub mod params;
+pub mod state;
+
+use std::future::Future;
+
+use axum::http::Request;
+use axum::Router;
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+pub use error::ApiError;
+pub use handlers::{
+    DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH, READYZ_PATH,
+};
+pub use state::{ApiState, ReadinessProbe, ReadyFuture, StoreReadiness};
+
+/// The API's router, with JSON fallbacks for unknown paths and methods and a tracing layer.
+pub fn router(state: ApiState) -> Router {
+    let routes = handlers::routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, route)| {
+            router.route(path, route)
+        });
+    routes
+        .fallback(handlers::no_route)
+        .method_not_allowed_fallback(handlers::wrong_method)
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|request: &Request<_>| {
+                    tracing::info_span!(
+                        "http_request",
+                        method = %request.method(),
+                        path = %request.uri().path(),
+                    )
+                })
+                .on_response(DefaultOnResponse::new().level(Level::INFO))
+                .on_failure(DefaultOnFailure::new().level(Level::ERROR)),
+        )
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
+/// finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "listing API listening");
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Body;
+    use tower::ServiceExt;
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id};
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+    use tracing_subscriber::Layer;
+    use wharf_projections::ReadModel;
+    use wharf_store::{SqliteStore, Store};
+
+    use super::*;
+
+    /// Records every new span as `name field=value ...`.
+    #[derive(Clone, Default)]
+    struct SpanLog(Arc<Mutex<Vec<String>>>);
+
+    struct FieldText(String);
+
+    impl Visit for FieldText {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            let _ = write!(self.0, " {}={:?}", field.name(), value);
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for SpanLog {
+        fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
+            let mut text = FieldText(attrs.metadata().name().to_owned());
+            attrs.record(&mut text);
+            self.0.lock().unwrap().push(text.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn every_request_runs_in_a_span_naming_method_and_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("w.db"), wharf_projections::sqlite_inline())
+            .await
+            .unwrap();
+        let state = ApiState::new(ReadModel::new(
+            Store::Sqlite(store),
+            std::time::Duration::from_secs(60),
+        ));
+        let log = SpanLog::default();
+        let _guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(log.clone()));
+
+        for path in ["/healthz", "/no/such/path?x=1"] {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            router(state.clone()).oneshot(request).await.unwrap();
+        }
+
+        let spans = log.0.lock().unwrap().clone();
+        assert!(
+            spans.contains(&"http_request method=GET path=/healthz".to_owned()),
+            "{spans:?}"
+        );
+        assert!(
+            spans.contains(&"http_request method=GET path=/no/such/path".to_owned()),
+            "{spans:?}"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! The OpenAPI 3.1 document that describes this API.
+//!
+//! It is written by hand in `api/openapi.json` and embedded at build time; the tests below keep
+//! it honest against the router's route table, the declarations parameters and the error codes.
+
+/// The document, served as is at `GET /api/v1/openapi.json`.
+pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    use super::OPENAPI_JSON;
+    use crate::error::ApiError;
+    use crate::handlers::{routes, DECLARATIONS_PATH};
+    use crate::params::HISTORY_PARAMS;
+
+    fn document() -> Value {
+        serde_json::from_str(OPENAPI_JSON).expect("api/openapi.json is not valid JSON")
+    }
+
+    fn documented_paths(doc: &Value) -> BTreeSet<String> {
+        doc["paths"]
+            .as_object()
+            .expect("the document has no paths")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1() {
+        let doc = document();
+        let version = doc["openapi"].as_str().unwrap_or_default();
+        assert!(version.starts_with("3.1."), "openapi is {version:?}");
+        assert!(doc["info"]["title"].is_string());
+        assert!(doc["info"]["version"].is_string());
+    }
+
+    #[test]
+    fn every_route_is_documented_and_nothing_else() {
+        let doc = document();
+        let routed: BTreeSet<String> = routes().iter().map(|(p, _)| (*p).to_owned()).collect();
+        assert_eq!(documented_paths(&doc), routed);
+        for path in &routed {
+            let operation = &doc["paths"][path]["get"];
+            assert!(operation.is_object(), "{path} documents no GET");
+            assert!(
+                operation["operationId"].is_string(),
+                "{path}: no operationId"
+            );
+            assert!(
+                operation["responses"]["200"].is_object(),
+                "{path}: no 200 response"
+            );
+        }
+    }
+
+    #[test]
+    fn every_path_template_variable_is_a_declared_path_parameter() {
+        let doc = document();
+        for path in documented_paths(&doc) {
+            let declared: BTreeSet<String> = parameters(&doc, &path)
+                .iter()
+                .filter(|p| p["in"] == "path")
+                .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            let templated: BTreeSet<String> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(declared, templated, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_declarations_query_parameters_match_the_parser() {
+        let doc = document();
+        let documented: BTreeSet<String> = parameters(&doc, DECLARATIONS_PATH)
+            .iter()
+            .filter(|p| p["in"] == "query")
+            .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        let parsed: BTreeSet<String> = HISTORY_PARAMS.iter().map(|p| (*p).to_owned()).collect();
+        assert_eq!(documented, parsed);
+    }
+
+    #[test]
+    fn the_error_schema_lists_every_code() {
+        let doc = document();
+        let listed: BTreeSet<&str> = doc["components"]["schemas"]["Error"]["properties"]["error"]
+            ["properties"]["code"]["enum"]
+            .as_array()
+            .expect("Error.error.code has no enum")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let produced = [
+            ApiError::invalid("f", "v", "r"),
+            ApiError::not_found("x"),
+            ApiError::MethodNotAllowed {
+                method: "POST".into(),
+            },
+            ApiError::Unavailable(wharf_store::StoreError::NotMigrated {
+                found: 0,
+                needed: 1,
+            }),
+            ApiError::Internal("x".into()),
+        ];
+        let produced: BTreeSet<&str> = produced.iter().map(ApiError::code).collect();
+        assert_eq!(listed, produced);
+    }
+
+    #[test]
+    fn every_reference_resolves() {
+        let doc = document();
+        let mut refs = Vec::new();
+        collect_refs(&doc, &mut refs);
+        assert!(!refs.is_empty());
+        for reference in refs {
+            let pointer = reference
+                .strip_prefix('#')
+                .unwrap_or_else(|| panic!("{reference} is not a local reference"));
+            assert!(
+                doc.pointer(pointer).is_some(),
+                "{reference} does not resolve"
+            );
+        }
+    }
+
+    /// The parameters of a path's GET, with `$ref`s to shared parameters resolved.
+    fn parameters(doc: &Value, path: &str) -> Vec<Value> {
+        let mut found = Vec::new();
+        let lists = [
+            &doc["paths"][path]["parameters"],
+            &doc["paths"][path]["get"]["parameters"],
+        ];
+        for list in lists.into_iter().filter_map(Value::as_array) {
+            for parameter in list {
+                let resolved = match parameter["$ref"].as_str() {
+                    Some(r) => doc
+                        .pointer(r.trim_start_matches('#'))
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                    None => parameter.clone(),
+                };
+                found.push(resolved);
+            }
+        }
+        found
+    }
+
+    fn collect_refs(value: &Value, into: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    match (key.as_str(), inner) {
+                        ("$ref", Value::String(r)) => into.push(r.clone()),
+                        _ => collect_refs(inner, into),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| collect_refs(i, into)),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Parsing the query parameters of the declarations listing.
+//!
+//! Done by hand rather than by a typed `Query` extractor, so that every refusal is the JSON
+//! error body naming the parameter and the value it had, and so that unknown or repeated
+//! parameters are refused instead of silently ignored.
+
+use chrono::{DateTime, Utc};
+use wharf_domain::{DeclarerId, GroupName};
+use wharf_projections::audit::MAX_PAGE;
+use wharf_projections::HistoryQuery;
+
+use crate::error::ApiError;
+
+/// The query parameters `GET /api/v1/groups/{group}/declarations` understands.
+pub const HISTORY_PARAMS: &[&str] = &["since", "until", "declarer", "after", "limit"];
+
+/// How many entries a page holds when `limit` is not given.
+pub const DEFAULT_LIMIT: u32 = 100;
+
+/// Builds the history query for `group` from the raw `(name, value)` pairs of the query string.
+pub fn history_query(
+    group: GroupName,
+    pairs: &[(String, String)],
+) -> Result<HistoryQuery, ApiError> {
+    let mut query = HistoryQuery::all(group);
+    query.limit = DEFAULT_LIMIT;
+    let mut seen: Vec<&str> = Vec::new();
+    let mut raw_since: Option<&str> = None;
+    for (name, value) in pairs {
+        let Some(known) = HISTORY_PARAMS.iter().copied().find(|p| p == name) else {
+            return Err(ApiError::invalid(
+                name,
+                value,
+                format!(
+                    "unknown parameter; expected one of {}",
+                    HISTORY_PARAMS.join(", ")
+                ),
+            ));
+        };
+        if seen.contains(&known) {
+            return Err(ApiError::invalid(name, value, "given more than once"));
+        }
+        seen.push(known);
+        match known {
+            "since" => {
+                query.since = Some(timestamp(known, value)?);
+                raw_since = Some(value);
+            }
+            "until" => query.until = Some(timestamp(known, value)?),
+            "declarer" => query.declarer = Some(DeclarerId::parse(known, value)?.to_string()),
+            "after" => query.after = position(known, value)?,
+            _ => query.limit = limit(known, value)?,
+        }
+    }
+    if let (Some(since), Some(until)) = (query.since, query.until) {
+        if until <= since {
+            let given = pairs
+                .iter()
+                .find(|(name, _)| name == "until")
+                .map_or(String::new(), |(_, value)| value.clone());
+            return Err(ApiError::invalid(
+                "until",
+                &given,
+                format!(
+                    "must be later than since ({})",
+                    raw_since.unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    query.validate()?;
+    Ok(query)
+}
+
+/// Parses an RFC 3339 timestamp.
+///
+/// A `+hh:mm` offset sent without percent-encoding arrives as a space (form decoding turns `+`
+/// into a space); that one case is repaired rather than refused.
+fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
+    let parse = |text: &str| DateTime::parse_from_rfc3339(text).map(|t| t.with_timezone(&Utc));
+    if let Ok(at) = parse(raw) {
+        return Ok(at);
+    }
+    let bytes = raw.as_bytes();
+    if bytes.len() > 6 && bytes[bytes.len() - 6] == b' ' {
+        let repaired = format!("{}+{}", &raw[..raw.len() - 6], &raw[raw.len() - 5..]);
+        if let Ok(at) = parse(&repaired) {
+            return Ok(at);
+        }
+    }
+    Err(ApiError::invalid(
+        field,
+        raw,
+        "must be an RFC 3339 timestamp such as 2024-05-01T12:00:00Z (send '+' as %2B)",
+    ))
+}
+
+/// Parses a ledger position (0 or more).
+fn position(field: &str, raw: &str) -> Result<i64, ApiError> {
+    match raw.parse::<i64>() {
+        Ok(at) if at >= 0 => Ok(at),
+        _ => Err(ApiError::invalid(
+            field,
+            raw,
+            "must be a ledger position: an integer, 0 or more",
+        )),
+    }
+}
+
+/// Parses a page size (1 to [`MAX_PAGE`]).
+fn limit(field: &str, raw: &str) -> Result<u32, ApiError> {
+    match raw.parse::<u32>() {
+        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        _ => Err(ApiError::invalid(
+            field,
+            raw,
+            format!("must be an integer from 1 to {MAX_PAGE}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group() -> GroupName {
+        GroupName::parse("group", "billing").unwrap()
+    }
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn refused_field(items: &[(&str, &str)]) -> String {
+        match history_query(group(), &pairs(items)) {
+            Err(ApiError::InvalidParameter { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_parameters_give_the_first_default_page() {
+        let query = history_query(group(), &[]).unwrap();
+        assert_eq!(query, HistoryQuery::all(group()));
+        assert_eq!(query.limit, DEFAULT_LIMIT);
+    }
+
+    #[test]
+    fn every_parameter_is_read() {
+        let query = history_query(
+            group(),
+            &pairs(&[
+                ("since", "2024-01-01T00:00:00Z"),
+                ("until", "2024-01-02T00:00:00 02:00"),
+                ("declarer", "host:1:ab"),
+                ("after", "17"),
+                ("limit", "5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            query.since.unwrap().to_rfc3339(),
+            "2024-01-01T00:00:00+00:00"
+        );
+        assert_eq!(
+            query.until.unwrap().to_rfc3339(),
+            "2024-01-01T22:00:00+00:00"
+        );
+        assert_eq!(query.declarer.as_deref(), Some("host:1:ab"));
+        assert_eq!((query.after, query.limit), (17, 5));
+    }
+
+    #[test]
+    fn each_bad_parameter_is_named() {
+        assert_eq!(refused_field(&[("since", "yesterday")]), "since");
+        assert_eq!(refused_field(&[("until", "2024-13-01T00:00:00Z")]), "until");
+        assert_eq!(refused_field(&[("after", "x")]), "after");
+        assert_eq!(refused_field(&[("after", "-1")]), "after");
+        assert_eq!(refused_field(&[("limit", "0")]), "limit");
+        assert_eq!(refused_field(&[("limit", "1001")]), "limit");
+        assert_eq!(refused_field(&[("limit", "2.5")]), "limit");
+        assert_eq!(refused_field(&[("declarer", " ")]), "declarer");
+        assert_eq!(refused_field(&[("page", "2")]), "page");
+        assert_eq!(refused_field(&[("limit", "1"), ("limit", "2")]), "limit");
+        assert_eq!(
+            refused_field(&[
+                ("since", "2024-01-02T00:00:00Z"),
+                ("until", "2024-01-02T00:00:00Z"),
+            ]),
+            "until"
+        );
+    }
+
+    #[test]
+    fn the_refusal_quotes_the_value_given() {
+        let error = history_query(group(), &pairs(&[("limit", "abc")])).unwrap_err();
+        assert!(error.to_string().contains("\"abc\""), "{error}");
+    }
+}

@@ -1,0 +1,117 @@
+//! Benchmark: the register install path (locked load, decide, append, inline projection,
+//! commit) against a raw single-row insert-and-commit loop on the same store, with the same
+//! durability settings, in the same run. Prints each rate and their ratio (goal: >= 0.5).
+//!
+//! Every registration here is a swap (no live declarers, alternating sets), so each one appends
+//! an event and rewrites the group's binding rows. Registrations rotate over `GROUPS` groups,
+//! so each group's ledger holds about `N / GROUPS` installs, like a fleet of groups changing
+//! bindings over many deploys.
+//!
+//! Run: `cargo bench -p wharf-tests --bench register_install` (set WHARF_BENCH_N to change N).
+
+use std::time::Instant;
+
+use wharf::domain::DeclarerId;
+use wharf::store::Store;
+use wharf::Registration;
+use wharf_tests::{Backend, TestStore};
+
+const GROUPS: usize = 50;
+
+fn iterations() -> usize {
+    std::env::var("WHARF_BENCH_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000)
+}
+
+async fn raw_commits_per_second(store: &Store, n: usize) -> f64 {
+    match store {
+        Store::Sqlite(s) => {
+            s.write(|ctx| {
+                ctx.tx.execute_batch(
+                    "CREATE TABLE IF NOT EXISTS bench_raw (id INTEGER PRIMARY KEY, body TEXT NOT NULL)",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+            let start = Instant::now();
+            for i in 0..n {
+                s.write(move |ctx| {
+                    ctx.tx.execute(
+                        "INSERT INTO bench_raw (body) VALUES (?1)",
+                        [format!("row {i}")],
+                    )?;
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        }
+        Store::Postgres(s) => {
+            sqlx::query("CREATE TABLE IF NOT EXISTS bench_raw (id BIGSERIAL PRIMARY KEY, body TEXT NOT NULL)")
+                .execute(s.pool())
+                .await
+                .unwrap();
+            let start = Instant::now();
+            for i in 0..n {
+                let mut tx = s.pool().begin().await.unwrap();
+                sqlx::query("INSERT INTO bench_raw (body) VALUES ($1)")
+                    .bind(format!("row {i}"))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        }
+    }
+}
+
+async fn installs_per_second(test: &TestStore, n: usize) -> f64 {
+    let wharf = test.wharf();
+    let sets: [&[&str]; 2] = [&["orders/+/paid", "orders/+/refunded"], &["orders/#"]];
+    let start = Instant::now();
+    for i in 0..n {
+        let group = format!("group-{}", i % GROUPS);
+        let round = i / GROUPS;
+        let declarer = DeclarerId::parse("declarer", &format!("bench-{round}")).unwrap();
+        let registration = Registration::new(&group, "orders", "1", sets[round % 2]).unwrap();
+        let outcome = wharf
+            .as_declarer(declarer)
+            .register(&registration)
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, wharf::domain::RegisterOutcome::Installed { .. }),
+            "every benchmark registration must install: {outcome:?}"
+        );
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn bench(backend: Backend, n: usize) {
+    let test = TestStore::new(backend).await;
+    // Warm up connections and caches on both paths.
+    raw_commits_per_second(&test.store, 20).await;
+    let raw = raw_commits_per_second(&test.store, n).await;
+    let installs = installs_per_second(&test, n).await;
+    println!(
+        "{backend:?}: raw insert+commit {raw:>8.0}/s | register install {installs:>8.0}/s | ratio {:.2} (goal >= 0.50) [n={n}, {GROUPS} groups]",
+        installs / raw
+    );
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let n = iterations();
+    runtime.block_on(async {
+        bench(Backend::Sqlite, n).await;
+        bench(Backend::Postgres, n).await;
+    });
+}
