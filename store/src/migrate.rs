@@ -28,12 +28,14 @@ macro_rules! migration {
 pub const SQLITE: &[Migration] = &[
     migration!(1, "sqlite", "0001_event_store.sql"),
     migration!(2, "sqlite", "0002_declaration_projections.sql"),
+    migration!(3, "sqlite", "0003_message_log.sql"),
 ];
 
 /// The Postgres scripts.
 pub const POSTGRES: &[Migration] = &[
     migration!(1, "postgres", "0001_event_store.sql"),
     migration!(2, "postgres", "0002_declaration_projections.sql"),
+    migration!(3, "postgres", "0003_message_log.sql"),
 ];
 
 /// The schema version this build needs.

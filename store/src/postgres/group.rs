@@ -127,8 +127,12 @@ type InstanceTuple = (
 );
 
 async fn lock_group(conn: &mut PgConnection, lock: &GroupLock) -> Result<(), StoreError> {
+    // A new group's routing cursor starts at the topic's head: it receives what is published
+    // after it is first declared (ADR 0007).
     sqlx::query(
-        "INSERT INTO consumer_group (group_name, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        "INSERT INTO consumer_group (group_name, topic, routed_position) \
+         VALUES ($1, $2, COALESCE((SELECT head FROM topic WHERE name = $2), 0)) \
+         ON CONFLICT DO NOTHING",
     )
     .bind(&lock.group)
     .bind(&lock.topic)

@@ -25,7 +25,8 @@ impl SqliteStore {
             let tx = ctx.tx;
             let now = ctx.now.timestamp_micros();
             tx.execute(
-                "INSERT OR IGNORE INTO consumer_group (group_name, topic, created_at) VALUES (?1, ?2, ?3)",
+                "INSERT OR IGNORE INTO consumer_group (group_name, topic, created_at, routed_position) \
+                 VALUES (?1, ?2, ?3, COALESCE((SELECT head FROM topic WHERE name = ?2), 0))",
                 params![lock.group, lock.topic, now],
             )?;
             let events = load_in_tx(tx, GROUP_AGGREGATE, &lock.group)?;

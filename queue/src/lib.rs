@@ -1,0 +1,224 @@
+//! Wharf's message log and consumer-group delivery.
+//!
+//! - **Publish** appends to a topic with a per-topic, gapless, commit-ordered position.
+//! - **Route** moves a group's cursor through the log, matching subjects against the group's
+//!   effective binding set (read in the same transaction, under the group row lock the
+//!   declaration swap also takes) and recording a delivery per match. The cost is per log row,
+//!   once; messages a group does not want never reach its claim path (ADR 0007).
+//! - **Claim / ack / nack** is a plain `SKIP LOCKED` queue over the group's deliveries, with a
+//!   visibility timeout, attempt counting, backoff and dead letters.
+//! - **Retain** deletes what every group is done with, and what aged out and no live group needs.
+//!
+//! Architecture invariant: the queue never decides bindings; it reads the effective binding rows
+//! the declaration transaction wrote, and matches with `wharf-domain`'s trie.
+
+pub mod error;
+mod matchers;
+pub mod message;
+mod postgres;
+mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wharf_domain::{GroupName, TopicName};
+use wharf_store::Store;
+
+pub use error::QueueError;
+pub use message::{
+    validate_batch, AckOutcome, Claimed, DeadLetter, GroupQueueStats, Headers, NackOutcome,
+    OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
+};
+
+/// The queue over a store.
+#[derive(Clone)]
+pub struct Queue {
+    store: Store,
+    settings: QueueSettings,
+    matchers: Arc<matchers::Matchers>,
+}
+
+/// How many routing steps one `fetch` may take before it claims anyway, so a long unmatched
+/// stretch of the log cannot delay a claim without bound.
+const MAX_ROUTE_STEPS_PER_FETCH: usize = 8;
+
+impl Queue {
+    /// A queue over `store` with `settings`.
+    pub fn new(store: Store, settings: QueueSettings) -> Self {
+        Self {
+            store,
+            settings,
+            matchers: Arc::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &QueueSettings {
+        &self.settings
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Publishes a batch to `topic` in one transaction; durable on return. Returns positions.
+    #[tracing::instrument(skip_all, fields(topic = %topic, count = messages.len()))]
+    pub async fn publish(
+        &self,
+        topic: &TopicName,
+        messages: &[OutgoingMessage],
+    ) -> Result<Vec<i64>, QueueError> {
+        if messages.is_empty() || messages.len() > message::MAX_BATCH {
+            return Err(wharf_domain::ValidationError::new(
+                "messages",
+                &format!("{} messages", messages.len()),
+                "a publish carries 1 to 10000 messages",
+            )
+            .into());
+        }
+        match &self.store {
+            Store::Sqlite(s) => sqlite::publish(s, topic, messages.to_vec()).await,
+            Store::Postgres(s) => postgres::publish(s, topic, messages).await,
+        }
+    }
+
+    /// Publishes one message.
+    pub async fn publish_one(
+        &self,
+        topic: &TopicName,
+        message: OutgoingMessage,
+    ) -> Result<i64, QueueError> {
+        let positions = self.publish(topic, std::slice::from_ref(&message)).await?;
+        Ok(positions[0])
+    }
+
+    /// Routes one batch of the log for `group`.
+    pub async fn route(&self, group: &GroupName) -> Result<RouteReport, QueueError> {
+        let batch = self.settings.route_batch;
+        match &self.store {
+            Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch).await,
+            Store::Postgres(s) => postgres::route(s, &self.matchers, group, batch).await,
+        }
+    }
+
+    /// Claims up to `max` claimable messages without routing first.
+    pub async fn claim(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        max: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        let max = i64::from(max.max(1));
+        match &self.store {
+            Store::Sqlite(s) => sqlite::claim(s, &self.settings, group, instance, max).await,
+            Store::Postgres(s) => postgres::claim(s, &self.settings, group, instance, max).await,
+        }
+    }
+
+    /// Routes what is new for the group (a bounded number of steps), then claims up to `max`.
+    pub async fn fetch(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        max: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        for _ in 0..MAX_ROUTE_STEPS_PER_FETCH {
+            let report = self.route(group).await?;
+            if report.busy || (report.scanned as i64) < self.settings.route_batch {
+                break;
+            }
+            if report.routed >= u64::from(max) {
+                break;
+            }
+        }
+        self.claim(group, instance, max).await
+    }
+
+    /// Acknowledges a claimed message.
+    pub async fn ack(&self, message: &Claimed) -> Result<AckOutcome, QueueError> {
+        let group = GroupName::parse("group", &message.group)?;
+        match &self.store {
+            Store::Sqlite(s) => sqlite::ack(s, &group, message.position, message.claim_token).await,
+            Store::Postgres(s) => {
+                postgres::ack(s, &group, message.position, message.claim_token).await
+            }
+        }
+    }
+
+    /// Gives a claimed message back with the handler's error; it is retried after a backoff or
+    /// dead-lettered once it has used its attempts.
+    pub async fn nack(&self, message: &Claimed, error: &str) -> Result<NackOutcome, QueueError> {
+        let group = GroupName::parse("group", &message.group)?;
+        let (position, token) = (message.position, message.claim_token);
+        match &self.store {
+            Store::Sqlite(s) => {
+                sqlite::nack(s, &self.settings, &group, position, token, error).await
+            }
+            Store::Postgres(s) => {
+                postgres::nack(s, &self.settings, &group, position, token, error).await
+            }
+        }
+    }
+
+    /// A page of the group's dead letters, after position `after`.
+    pub async fn dead_letters(
+        &self,
+        group: &GroupName,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadLetter>, QueueError> {
+        match &self.store {
+            Store::Sqlite(s) => sqlite::dead_letters(s, group, after, limit).await,
+            Store::Postgres(s) => postgres::dead_letters(s, group, after, limit).await,
+        }
+    }
+
+    /// Puts a dead letter back in the group's queue with fresh attempts; false if absent.
+    pub async fn replay_dead_letter(
+        &self,
+        group: &GroupName,
+        position: i64,
+    ) -> Result<bool, QueueError> {
+        match &self.store {
+            Store::Sqlite(s) => sqlite::replay_dead_letter(s, group, position).await,
+            Store::Postgres(s) => postgres::replay_dead_letter(s, group, position).await,
+        }
+    }
+
+    /// Every topic's head and size.
+    pub async fn topic_stats(&self) -> Result<Vec<TopicStats>, QueueError> {
+        match &self.store {
+            Store::Sqlite(s) => sqlite::topic_stats(s).await,
+            Store::Postgres(s) => postgres::topic_stats(s).await,
+        }
+    }
+
+    /// Queue figures of every group, or of one.
+    pub async fn group_stats(
+        &self,
+        group: Option<&GroupName>,
+    ) -> Result<Vec<GroupQueueStats>, QueueError> {
+        let group = group.map(GroupName::as_str);
+        match &self.store {
+            Store::Sqlite(s) => sqlite::group_stats(s, group.map(str::to_owned)).await,
+            Store::Postgres(s) => postgres::group_stats(s, group).await,
+        }
+    }
+
+    /// One retention pass: deletes what every group is done with, and what is older than
+    /// `retention` and not needed by a live group (instance heartbeat fresher than
+    /// `instance_ttl`), in batches of `batch` rows.
+    pub async fn retain(
+        &self,
+        retention: Duration,
+        instance_ttl: Duration,
+        batch: i64,
+    ) -> Result<RetentionReport, QueueError> {
+        let batch = batch.max(1);
+        match &self.store {
+            Store::Sqlite(s) => sqlite::retain(s, retention, instance_ttl, batch).await,
+            Store::Postgres(s) => postgres::retain(s, retention, instance_ttl, batch).await,
+        }
+    }
+}

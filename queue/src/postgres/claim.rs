@@ -1,0 +1,260 @@
+//! Claims, acks, nacks and dead letters on Postgres.
+//!
+//! A claim is a plain `FOR UPDATE SKIP LOCKED` over the group's own delivery rows: messages the
+//! group does not match never get a delivery row, so they cannot slow it down. Each claim call
+//! carries a fresh token; acks and nacks must present it, so an instance whose claim expired
+//! and was re-claimed elsewhere cannot settle the other instance's claim.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use wharf_domain::GroupName;
+use wharf_store::PgStore;
+
+use super::headers_json;
+use crate::error::QueueError;
+use crate::message::{AckOutcome, Claimed, DeadLetter, NackOutcome, QueueSettings};
+
+type ClaimRow = (
+    String,
+    i64,
+    i32,
+    i64,
+    String,
+    Vec<u8>,
+    serde_json::Value,
+    DateTime<Utc>,
+);
+
+/// Claims up to `max` claimable messages of `group` for `instance`.
+pub(crate) async fn claim(
+    store: &PgStore,
+    settings: &QueueSettings,
+    group: &GroupName,
+    instance: &str,
+    max: i64,
+) -> Result<Vec<Claimed>, QueueError> {
+    let token: i64 = rand::random();
+    let mut tx = store.pool().begin().await?;
+    let rows: Vec<ClaimRow> = sqlx::query_as(
+        "WITH picked AS ( \
+           SELECT position FROM delivery \
+           WHERE group_name = $1 AND visible_at <= clock_timestamp() \
+           ORDER BY visible_at, position LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         claimed AS ( \
+           UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
+             visible_at = clock_timestamp() + make_interval(secs => $5) \
+           FROM picked WHERE d.group_name = $1 AND d.position = picked.position \
+           RETURNING d.topic, d.position, d.attempts, d.routed_by) \
+         SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \
+                m.published_at \
+         FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position \
+         ORDER BY c.position",
+    )
+    .bind(group.as_str())
+    .bind(max)
+    .bind(instance)
+    .bind(token)
+    .bind(settings.visibility_timeout.as_secs_f64())
+    .fetch_all(&mut *tx)
+    .await?;
+    let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
+    let (exhausted, live): (Vec<ClaimRow>, Vec<ClaimRow>) =
+        rows.into_iter().partition(|row| row.2 > limit);
+    if !exhausted.is_empty() {
+        let positions: Vec<i64> = exhausted.iter().map(|row| row.1).collect();
+        bury(&mut tx, group, &positions, token).await?;
+    }
+    tx.commit().await?;
+    Ok(live
+        .into_iter()
+        .map(
+            |(topic, position, attempts, routed_by, subject, payload, headers, published_at)| {
+                Claimed {
+                    group: group.to_string(),
+                    topic,
+                    position,
+                    subject,
+                    payload,
+                    headers: headers_json(headers),
+                    published_at,
+                    attempts,
+                    routed_by,
+                    claim_token: token,
+                }
+            },
+        )
+        .collect())
+}
+
+/// Moves claimed deliveries to the dead letters, with a full copy of each message.
+async fn bury(
+    conn: &mut PgConnection,
+    group: &GroupName,
+    positions: &[i64],
+    token: i64,
+) -> Result<u64, QueueError> {
+    let moved = sqlx::query(
+        "WITH dead AS ( \
+           DELETE FROM delivery WHERE group_name = $1 AND position = ANY($2) AND claim_token = $3 \
+           RETURNING group_name, topic, position, attempts, last_error) \
+         INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
+           published_at, attempts, last_error) \
+         SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, \
+           m.published_at, d.attempts, d.last_error \
+         FROM dead d JOIN message m ON m.topic = d.topic AND m.position = d.position \
+         ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
+           last_error = excluded.last_error, dead_at = clock_timestamp()",
+    )
+    .bind(group.as_str())
+    .bind(positions)
+    .bind(token)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(moved)
+}
+
+/// Acknowledges a claimed message: it is done for the group.
+pub(crate) async fn ack(
+    store: &PgStore,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+) -> Result<AckOutcome, QueueError> {
+    let done = sqlx::query(
+        "DELETE FROM delivery WHERE group_name = $1 AND position = $2 AND claim_token = $3",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(token)
+    .execute(store.pool())
+    .await?
+    .rows_affected();
+    Ok(if done == 1 {
+        AckOutcome::Acked
+    } else {
+        AckOutcome::ClaimLost
+    })
+}
+
+/// Gives a claimed message back: claimable again after the backoff, or dead-lettered when it
+/// has used its attempts.
+pub(crate) async fn nack(
+    store: &PgStore,
+    settings: &QueueSettings,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    error: &str,
+) -> Result<NackOutcome, QueueError> {
+    let mut tx = store.pool().begin().await?;
+    let attempts: Option<i32> = sqlx::query_scalar(
+        "UPDATE delivery SET last_error = $4 \
+         WHERE group_name = $1 AND position = $2 AND claim_token = $3 RETURNING attempts",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(token)
+    .bind(error)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(attempts) = attempts else {
+        return Ok(NackOutcome::ClaimLost);
+    };
+    if i64::from(attempts) >= i64::from(settings.max_attempts) {
+        bury(&mut tx, group, &[position], token).await?;
+        tx.commit().await?;
+        return Ok(NackOutcome::DeadLettered);
+    }
+    let backoff: Duration = settings.backoff(attempts);
+    let visible_at: DateTime<Utc> = sqlx::query_scalar(
+        "UPDATE delivery SET visible_at = clock_timestamp() + make_interval(secs => $3), \
+           claimed_by = NULL, claim_token = NULL \
+         WHERE group_name = $1 AND position = $2 RETURNING visible_at",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(backoff.as_secs_f64())
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(NackOutcome::Retrying { visible_at })
+}
+
+type DeadRow = (
+    String,
+    String,
+    i64,
+    String,
+    Vec<u8>,
+    serde_json::Value,
+    DateTime<Utc>,
+    i32,
+    Option<String>,
+    DateTime<Utc>,
+);
+
+/// Lists a group's dead letters after `after`, oldest position first.
+pub(crate) async fn dead_letters(
+    store: &PgStore,
+    group: &GroupName,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, QueueError> {
+    let rows: Vec<DeadRow> = sqlx::query_as(
+        "SELECT group_name, topic, position, subject, payload, headers, published_at, attempts, \
+           last_error, dead_at FROM dead_letter WHERE group_name = $1 AND position > $2 \
+         ORDER BY position LIMIT $3",
+    )
+    .bind(group.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(store.pool())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| DeadLetter {
+            group: r.0,
+            topic: r.1,
+            position: r.2,
+            subject: r.3,
+            payload: r.4,
+            headers: headers_json(r.5),
+            published_at: r.6,
+            attempts: r.7,
+            last_error: r.8,
+            dead_at: r.9,
+        })
+        .collect())
+}
+
+/// Puts a dead letter back in the group's queue with fresh attempts. Restores the log row if
+/// retention removed it meanwhile (same topic, position and content). Returns false when there
+/// is no such dead letter.
+pub(crate) async fn replay_dead_letter(
+    store: &PgStore,
+    group: &GroupName,
+    position: i64,
+) -> Result<bool, QueueError> {
+    let mut tx = store.pool().begin().await?;
+    let restored = sqlx::query(
+        "WITH dead AS (DELETE FROM dead_letter WHERE group_name = $1 AND position = $2 RETURNING *), \
+         log AS (INSERT INTO message (topic, position, subject, payload, headers, published_at) \
+           SELECT topic, position, subject, payload, headers, published_at FROM dead \
+           ON CONFLICT DO NOTHING) \
+         INSERT INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
+         SELECT d.group_name, d.topic, d.position, \
+           COALESCE((SELECT position FROM effective_declaration e WHERE e.group_name = d.group_name), 0), \
+           clock_timestamp(), clock_timestamp() FROM dead d \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(restored == 1)
+}

@@ -1,0 +1,17 @@
+//! The message log and delivery on Postgres (cluster mode).
+
+mod claim;
+mod publish;
+mod retention;
+mod route;
+mod stats;
+
+pub(crate) use claim::{ack, claim, dead_letters, nack, replay_dead_letter};
+pub(crate) use publish::publish;
+pub(crate) use retention::retain;
+pub(crate) use route::route;
+pub(crate) use stats::{group_stats, topic_stats};
+
+fn headers_json(value: serde_json::Value) -> crate::message::Headers {
+    serde_json::from_value(value).unwrap_or_default()
+}

@@ -1,0 +1,80 @@
+//! Listing figures for topics and groups on Postgres.
+
+use chrono::{DateTime, Utc};
+use wharf_store::PgStore;
+
+use crate::error::QueueError;
+use crate::message::{GroupQueueStats, TopicStats};
+
+/// Every topic's head and retained size.
+pub(crate) async fn topic_stats(store: &PgStore) -> Result<Vec<TopicStats>, QueueError> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT t.name, t.head, (SELECT COUNT(*) FROM message m WHERE m.topic = t.name) \
+         FROM topic t ORDER BY t.name",
+    )
+    .fetch_all(store.pool())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(topic, head, size)| TopicStats { topic, head, size })
+        .collect())
+}
+
+type GroupRow = (
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<DateTime<Utc>>,
+    DateTime<Utc>,
+);
+
+/// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
+/// age of its oldest unacked message.
+pub(crate) async fn group_stats(
+    store: &PgStore,
+    group: Option<&str>,
+) -> Result<Vec<GroupQueueStats>, QueueError> {
+    let rows: Vec<GroupRow> = sqlx::query_as(
+        "SELECT g.group_name, g.topic, g.routed_position, \
+           COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
+              AND d.visible_at <= clock_timestamp()), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
+              AND d.visible_at > clock_timestamp() AND d.claim_token IS NOT NULL), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
+              AND d.visible_at > clock_timestamp() AND d.claim_token IS NULL), \
+           (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
+           (SELECT m.published_at FROM delivery d JOIN message m \
+              ON m.topic = d.topic AND m.position = d.position \
+              WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
+           clock_timestamp() \
+         FROM consumer_group g WHERE $1::text IS NULL OR g.group_name = $1 ORDER BY g.group_name",
+    )
+    .bind(group)
+    .fetch_all(store.pool())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(group, topic, routed, head, claimable, in_flight, backing_off, dead, oldest, now)| {
+                GroupQueueStats {
+                    group,
+                    topic,
+                    routed_position: routed,
+                    routed_lag: (head - routed).max(0),
+                    claimable,
+                    in_flight,
+                    backing_off,
+                    dead_letters: dead,
+                    oldest_unacked_seconds: oldest
+                        .map(|at| (now - at).num_microseconds().unwrap_or(0) as f64 / 1e6),
+                }
+            },
+        )
+        .collect())
+}

@@ -1,0 +1,261 @@
+//! Claims, acks, nacks and dead letters on SQLite (see the Postgres twin for the rules).
+
+use rusqlite::{params, Transaction};
+use wharf_domain::GroupName;
+use wharf_store::event::from_micros;
+use wharf_store::SqliteStore;
+
+use super::headers_from;
+use crate::error::QueueError;
+use crate::message::{AckOutcome, Claimed, DeadLetter, NackOutcome, QueueSettings};
+
+fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Claims up to `max` claimable messages of `group` for `instance`.
+pub(crate) async fn claim(
+    store: &SqliteStore,
+    settings: &QueueSettings,
+    group: &GroupName,
+    instance: &str,
+    max: i64,
+) -> Result<Vec<Claimed>, QueueError> {
+    let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
+    let token: i64 = rand::random();
+    Ok(store
+        .write(move |ctx| {
+            let now = ctx.now.timestamp_micros();
+            let mut claim = ctx.tx.prepare_cached(
+                "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
+                   visible_at = ?4 + ?5 \
+                 WHERE group_name = ?1 AND position IN (SELECT position FROM delivery \
+                   WHERE group_name = ?1 AND visible_at <= ?4 ORDER BY visible_at, position LIMIT ?6) \
+                 RETURNING topic, position, attempts, routed_by",
+            )?;
+            let mut picked = claim
+                .query_map(
+                    params![
+                        group.as_str(),
+                        instance,
+                        token,
+                        now,
+                        micros(settings.visibility_timeout),
+                        max
+                    ],
+                    |row| {
+                        Ok((
+                            row.get::<_, String>(0)?,
+                            row.get::<_, i64>(1)?,
+                            row.get::<_, i32>(2)?,
+                            row.get::<_, i64>(3)?,
+                        ))
+                    },
+                )?
+                .collect::<Result<Vec<_>, _>>()?;
+            picked.sort_by_key(|row| row.1);
+            let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
+            let mut claimed = Vec::with_capacity(picked.len());
+            let mut read = ctx.tx.prepare_cached(
+                "SELECT subject, payload, headers, published_at FROM message \
+                 WHERE topic = ?1 AND position = ?2",
+            )?;
+            for (topic, position, attempts, routed_by) in picked {
+                if attempts > limit {
+                    bury(ctx.tx, &group, position, token, now)?;
+                    continue;
+                }
+                let row = read.query_row(params![topic, position], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, Vec<u8>>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, i64>(3)?,
+                    ))
+                });
+                let (subject, payload, headers, published_at) = match row {
+                    Ok(row) => row,
+                    Err(rusqlite::Error::QueryReturnedNoRows) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                claimed.push(Claimed {
+                    group: group.to_string(),
+                    topic,
+                    position,
+                    subject,
+                    payload,
+                    headers: headers_from(&headers),
+                    published_at: from_micros(published_at),
+                    attempts,
+                    routed_by,
+                    claim_token: token,
+                });
+            }
+            Ok(claimed)
+        })
+        .await?)
+}
+
+/// Moves one claimed delivery to the dead letters with a full copy of its message.
+fn bury(
+    tx: &Transaction<'_>,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    now: i64,
+) -> Result<(), wharf_store::StoreError> {
+    tx.execute(
+        "INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
+           published_at, attempts, last_error, dead_at) \
+         SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, \
+           m.published_at, d.attempts, d.last_error, ?4 \
+         FROM delivery d JOIN message m ON m.topic = d.topic AND m.position = d.position \
+         WHERE d.group_name = ?1 AND d.position = ?2 AND d.claim_token = ?3 \
+         ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
+           last_error = excluded.last_error, dead_at = excluded.dead_at",
+        params![group.as_str(), position, token, now],
+    )?;
+    tx.execute(
+        "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+        params![group.as_str(), position, token],
+    )?;
+    Ok(())
+}
+
+/// Acknowledges a claimed message.
+pub(crate) async fn ack(
+    store: &SqliteStore,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+) -> Result<AckOutcome, QueueError> {
+    let group = group.clone();
+    Ok(store
+        .write(move |ctx| {
+            let done = ctx.tx.execute(
+                "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+                params![group.as_str(), position, token],
+            )?;
+            Ok(if done == 1 {
+                AckOutcome::Acked
+            } else {
+                AckOutcome::ClaimLost
+            })
+        })
+        .await?)
+}
+
+/// Gives a claimed message back: retried after the backoff, or dead-lettered.
+pub(crate) async fn nack(
+    store: &SqliteStore,
+    settings: &QueueSettings,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    error: &str,
+) -> Result<NackOutcome, QueueError> {
+    let (group, settings, error) = (group.clone(), *settings, error.to_owned());
+    Ok(store
+        .write(move |ctx| {
+            let now = ctx.now.timestamp_micros();
+            let attempts: Option<i32> = ctx
+                .tx
+                .query_row(
+                    "UPDATE delivery SET last_error = ?4 \
+                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3 RETURNING attempts",
+                    params![group.as_str(), position, token, error],
+                    |row| row.get(0),
+                )
+                .map(Some)
+                .or_else(|e| match e {
+                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
+                    e => Err(e),
+                })?;
+            let Some(attempts) = attempts else {
+                return Ok(NackOutcome::ClaimLost);
+            };
+            if i64::from(attempts) >= i64::from(settings.max_attempts) {
+                bury(ctx.tx, &group, position, token, now)?;
+                return Ok(NackOutcome::DeadLettered);
+            }
+            let visible_at = now + micros(settings.backoff(attempts));
+            ctx.tx.execute(
+                "UPDATE delivery SET visible_at = ?3, claimed_by = NULL, claim_token = NULL \
+                 WHERE group_name = ?1 AND position = ?2",
+                params![group.as_str(), position, visible_at],
+            )?;
+            Ok(NackOutcome::Retrying {
+                visible_at: from_micros(visible_at),
+            })
+        })
+        .await?)
+}
+
+/// Lists a group's dead letters after `after`, oldest position first.
+pub(crate) async fn dead_letters(
+    store: &SqliteStore,
+    group: &GroupName,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, QueueError> {
+    let group = group.clone();
+    Ok(store
+        .read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT group_name, topic, position, subject, payload, headers, published_at, \
+                   attempts, last_error, dead_at FROM dead_letter \
+                 WHERE group_name = ?1 AND position > ?2 ORDER BY position LIMIT ?3",
+            )?;
+            let rows = stmt
+                .query_map(params![group.as_str(), after, limit], |row| {
+                    Ok(DeadLetter {
+                        group: row.get(0)?,
+                        topic: row.get(1)?,
+                        position: row.get(2)?,
+                        subject: row.get(3)?,
+                        payload: row.get(4)?,
+                        headers: headers_from(&row.get::<_, String>(5)?),
+                        published_at: from_micros(row.get(6)?),
+                        attempts: row.get(7)?,
+                        last_error: row.get(8)?,
+                        dead_at: from_micros(row.get(9)?),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await?)
+}
+
+/// Puts a dead letter back in the group's queue with fresh attempts, restoring its log row if
+/// retention removed it. False when there is no such dead letter.
+pub(crate) async fn replay_dead_letter(
+    store: &SqliteStore,
+    group: &GroupName,
+    position: i64,
+) -> Result<bool, QueueError> {
+    let group = group.clone();
+    Ok(store
+        .write(move |ctx| {
+            let now = ctx.now.timestamp_micros();
+            ctx.tx.execute(
+                "INSERT OR IGNORE INTO message (topic, position, subject, payload, headers, published_at) \
+                 SELECT topic, position, subject, payload, headers, published_at FROM dead_letter \
+                 WHERE group_name = ?1 AND position = ?2",
+                params![group.as_str(), position],
+            )?;
+            let restored = ctx.tx.execute(
+                "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
+                 SELECT x.group_name, x.topic, x.position, \
+                   COALESCE((SELECT position FROM effective_declaration e WHERE e.group_name = x.group_name), 0), ?3, ?3 \
+                 FROM dead_letter x WHERE x.group_name = ?1 AND x.position = ?2",
+                params![group.as_str(), position, now],
+            )?;
+            ctx.tx.execute(
+                "DELETE FROM dead_letter WHERE group_name = ?1 AND position = ?2",
+                params![group.as_str(), position],
+            )?;
+            Ok(restored == 1)
+        })
+        .await?)
+}

@@ -1,0 +1,13 @@
+//! The message log and delivery on SQLite (embedded mode). Every write is one `BEGIN
+//! IMMEDIATE` transaction on the store's single writer, so positions are commit-ordered and
+//! claims cannot race; times are microseconds since the epoch by the store's clock.
+
+mod claim;
+mod log;
+
+pub(crate) use claim::{ack, claim, dead_letters, nack, replay_dead_letter};
+pub(crate) use log::{group_stats, publish, retain, route, topic_stats};
+
+fn headers_from(text: &str) -> crate::message::Headers {
+    serde_json::from_str(text).unwrap_or_default()
+}
