@@ -170,7 +170,7 @@ async fn upsert_instance(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
-         VALUES ($1, $2, $3, $4, $5, clock_timestamp(), clock_timestamp()) \
+         SELECT $1, $2, $3, $4, $5, c.t, c.t FROM (SELECT clock_timestamp() AS t) c \
          ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
          version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
     )
