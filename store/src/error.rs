@@ -3,12 +3,13 @@
 /// Anything the event store or its projectors can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// SQLite refused or failed an operation.
+    /// SQLite refused or failed an operation. (The cause is shown in the message and not
+    /// repeated as a `source`, so printing the chain names it once.)
     #[error("sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// Postgres refused or failed an operation.
     #[error("postgres: {0}")]
-    Postgres(#[from] sqlx::Error),
+    Postgres(sqlx::Error),
     /// Another writer appended to the same aggregate first (optimistic concurrency).
     #[error("concurrent append to {aggregate_type}/{aggregate_id}: sequence {sequence} is taken")]
     Conflict {
@@ -58,7 +59,25 @@ pub enum StoreError {
     Task(String),
     /// A value could not be serialized for storage.
     #[error("serialization failed: {0}")]
-    Serialize(#[from] serde_json::Error),
+    Serialize(serde_json::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sqlite(e)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Postgres(e)
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Serialize(e)
+    }
 }
 
 impl StoreError {

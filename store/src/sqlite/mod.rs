@@ -148,23 +148,8 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&WriteCtx<'_>) -> Result<T, StoreError> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        blocking(move || {
-            let mut writer = lock(&inner.writer);
-            let now = writer.tick();
-            let tx = writer
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let ctx = WriteCtx {
-                tx: &tx,
-                now,
-                projectors: &inner.projectors,
-            };
-            let value = f(&ctx)?;
-            tx.commit()?;
-            Ok(value)
-        })
-        .await
+        self.write_or_rollback(|ctx| f(ctx).map(|value| (value, true)))
+            .await
     }
 
     /// Like [`SqliteStore::write`], but the closure decides whether to commit: it returns the

@@ -90,16 +90,20 @@ pub fn init_tracing(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
 }
 
+/// Loads the file and the environment; `--store-url` counts as the last environment override,
+/// so it is validated like every other value.
 fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
-    let mut config = Config::load(global.config.as_deref(), std::env::vars())?;
-    if let Some(url) = &global.store_url {
-        config.store.url = url.clone();
-    }
-    Ok(config)
+    let flag = global
+        .store_url
+        .clone()
+        .map(|url| ("WHARF_STORE__URL".to_owned(), url));
+    let env = std::env::vars().chain(flag);
+    Ok(Config::load(global.config.as_deref(), env)?)
 }
 
 /// Runs the parsed command.

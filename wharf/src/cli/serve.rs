@@ -13,6 +13,9 @@ use wharf::{Config, Wharf};
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 
 pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
+    // Install the signal handlers before anything is announced, so a SIGTERM sent as soon as
+    // "wharf serving" appears is a graceful stop, not the default kill.
+    let shutdown = shutdown_signal()?;
     let wharf = Wharf::open(&config)
         .await
         .context("opening the store (serve fails closed when it is unreachable)")?;
@@ -30,7 +33,7 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
     let pruner = tokio::spawn(prune_loop(read.clone(), config.clone(), stop.clone()));
     let state = wharf_api::ApiState::new(read);
-    wharf_api::serve(listener, state, shutdown_signal()).await?;
+    wharf_api::serve(listener, state, shutdown).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
@@ -70,24 +73,26 @@ async fn prune_loop(read: ReadModel, config: Config, mut stop: watch::Receiver<b
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers SIGINT and SIGTERM now; the returned future completes when either arrives.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = terminate.recv() => {},
+                _ = interrupt.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
+            info!("shutdown requested");
+        })
     }
-    info!("shutdown requested");
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+            info!("shutdown requested");
+        })
+    }
 }
