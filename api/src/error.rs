@@ -11,6 +11,7 @@ use axum::Json;
 use serde::Serialize;
 use wharf_domain::ValidationError;
 use wharf_projections::ProjectionError;
+use wharf_queue::QueueError;
 use wharf_store::StoreError;
 
 /// Why a request failed.
@@ -166,6 +167,18 @@ impl From<ValidationError> for ApiError {
     }
 }
 
+impl From<QueueError> for ApiError {
+    fn from(error: QueueError) -> Self {
+        match error {
+            QueueError::Invalid(e) => e.into(),
+            QueueError::UnknownGroup(group) => {
+                Self::not_found(format!("group {group:?} was never declared"))
+            }
+            QueueError::Store(e) => e.into(),
+        }
+    }
+}
+
 /// The JSON body of every error response.
 #[derive(Debug, Serialize)]
 struct ErrorBody<'a> {
@@ -244,6 +257,26 @@ mod tests {
         assert_eq!(internal.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(!internal.public_message().contains("secret"));
         assert!(chain(&internal).contains("secret detail"));
+    }
+
+    #[test]
+    fn queue_errors_map_like_their_causes() {
+        let invalid: ApiError =
+            QueueError::Invalid(ValidationError::new("limit", "0", "too small")).into();
+        assert_eq!(invalid.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(invalid.field(), Some("limit"));
+
+        let unknown: ApiError = QueueError::UnknownGroup("billing".into()).into();
+        assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+        assert!(unknown.public_message().contains("billing"));
+
+        let unavailable: ApiError =
+            QueueError::Store(StoreError::Postgres(sqlx_like_unavailable())).into();
+        assert_eq!(unavailable.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+        let internal: ApiError = QueueError::Store(StoreError::decode(3, "secret")).into();
+        assert_eq!(internal.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!internal.public_message().contains("secret"));
     }
 
     fn sqlx_like_unavailable() -> sqlx::Error {

@@ -6,7 +6,6 @@ use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, MethodRouter};
 use axum::Json;
-use serde::Serialize;
 use serde_json::json;
 use wharf_domain::GroupName;
 use wharf_projections::{GroupView, HistoryPage};
@@ -15,13 +14,18 @@ use crate::error::ApiError;
 use crate::openapi::OPENAPI_JSON;
 use crate::params;
 use crate::state::ApiState;
+use crate::views::{DeadLetterPage, GroupDetail, GroupList, TopicList};
 
-/// `GET`: every declared group.
+/// `GET`: every topic's head and size.
+pub const TOPICS_PATH: &str = "/api/v1/topics";
+/// `GET`: every declared group, with its queue figures.
 pub const GROUPS_PATH: &str = "/api/v1/groups";
-/// `GET`: one group.
+/// `GET`: one group, with its queue figures.
 pub const GROUP_PATH: &str = "/api/v1/groups/{group}";
 /// `GET`: a page of one group's declaration history.
 pub const DECLARATIONS_PATH: &str = "/api/v1/groups/{group}/declarations";
+/// `GET`: a page of one group's dead letters.
+pub const DEAD_LETTERS_PATH: &str = "/api/v1/groups/{group}/dead-letters";
 /// `GET`: the OpenAPI document.
 pub const OPENAPI_PATH: &str = "/api/v1/openapi.json";
 /// `GET`: liveness.
@@ -33,33 +37,43 @@ pub const READYZ_PATH: &str = "/readyz";
 /// OpenAPI test checks the document against it.
 pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
     vec![
+        (TOPICS_PATH, get(list_topics)),
         (GROUPS_PATH, get(list_groups)),
         (GROUP_PATH, get(one_group)),
         (DECLARATIONS_PATH, get(declarations)),
+        (DEAD_LETTERS_PATH, get(dead_letters)),
         (OPENAPI_PATH, get(openapi)),
         (HEALTHZ_PATH, get(healthz)),
         (READYZ_PATH, get(readyz)),
     ]
 }
 
-/// The body of `GET /api/v1/groups`.
-#[derive(Debug, Serialize)]
-struct GroupList {
-    groups: Vec<GroupView>,
+async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, ApiError> {
+    let topics = state.queue().topic_stats().await?;
+    Ok(Json(TopicList { topics }))
 }
 
+/// The declared groups joined by name with every group's queue figures, read in one call each.
+/// The two reads are not one snapshot: figures may be a moment apart from the declarations.
 async fn list_groups(State(state): State<ApiState>) -> Result<Json<GroupList>, ApiError> {
-    let groups = state.read_model().groups().await?;
-    Ok(Json(GroupList { groups }))
+    let (views, stats) = tokio::try_join!(
+        async { Ok::<_, ApiError>(state.read_model().groups().await?) },
+        async { Ok::<_, ApiError>(state.queue().group_stats(None).await?) },
+    )?;
+    Ok(Json(GroupList {
+        groups: GroupDetail::join(views, stats),
+    }))
 }
 
 async fn one_group(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
-) -> Result<Json<GroupView>, ApiError> {
+) -> Result<Json<GroupDetail>, ApiError> {
     let group = group_name(path)?;
-    let view = find_group(&state, &group).await?;
-    Ok(Json(view))
+    let (view, stats) = tokio::try_join!(find_group(&state, &group), async {
+        Ok::<_, ApiError>(state.queue().group_stats(Some(&group)).await?)
+    })?;
+    Ok(Json(GroupDetail::new(view, stats)))
 }
 
 async fn declarations(
@@ -74,6 +88,23 @@ async fn declarations(
     find_group(&state, &group).await?;
     let page = state.read_model().history(&query).await?;
     Ok(Json(page))
+}
+
+async fn dead_letters(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<DeadLetterPage>, ApiError> {
+    let group = group_name(path)?;
+    let Query(pairs) =
+        query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
+    let page = params::dead_letter_query(&pairs)?;
+    find_group(&state, &group).await?;
+    let letters = state
+        .queue()
+        .dead_letters(&group, page.after, i64::from(page.limit))
+        .await?;
+    Ok(Json(DeadLetterPage::new(letters, page.limit)))
 }
 
 /// The group's view, or a 404 when it has no effective declaration.

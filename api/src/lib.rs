@@ -1,11 +1,14 @@
-//! Wharf's read-only REST listing API: consumer groups, their declaration history, probes and
-//! the OpenAPI document, served as JSON with axum.
+//! Wharf's read-only REST listing API: topics, consumer groups with their queue figures, their
+//! declaration history and dead letters, probes and the OpenAPI document, served as JSON with
+//! axum.
 //!
 //! | route | answers |
 //! | --- | --- |
-//! | `GET /api/v1/groups` | `{"groups": [GroupView...]}` |
-//! | `GET /api/v1/groups/{group}` | one `GroupView`; 400 for a bad name, 404 if never declared |
+//! | `GET /api/v1/topics` | `{"topics": [{"topic", "head", "size"}...]}` |
+//! | `GET /api/v1/groups` | `{"groups": [GroupDetail...]}`: each `GroupView` plus `"queue"` |
+//! | `GET /api/v1/groups/{group}` | one `GroupDetail`; 400 for a bad name, 404 if never declared |
 //! | `GET /api/v1/groups/{group}/declarations` | a `HistoryPage`, filtered and paged |
+//! | `GET /api/v1/groups/{group}/dead-letters` | a `DeadLetterPage`, paged by position |
 //! | `GET /api/v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz` | liveness: always `{"status":"pass"}` |
 //! | `GET /readyz` | readiness: the store is reachable and migrated |
@@ -14,13 +17,15 @@
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
 //!
 //! Architecture invariant: this crate only reads. It calls [`wharf_projections::ReadModel`]
-//! and nothing that decides or appends.
+//! and the listing reads of [`wharf_queue::Queue`] (`topic_stats`, `group_stats`,
+//! `dead_letters`), and nothing that decides, appends, routes or claims.
 
 pub mod error;
 mod handlers;
 pub mod openapi;
 pub mod params;
 pub mod state;
+pub mod views;
 
 use std::future::Future;
 
@@ -31,7 +36,8 @@ use tracing::Level;
 
 pub use error::ApiError;
 pub use handlers::{
-    DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH, READYZ_PATH,
+    DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH,
+    READYZ_PATH, TOPICS_PATH,
 };
 pub use state::{ApiState, ReadinessProbe, ReadyFuture, StoreReadiness};
 

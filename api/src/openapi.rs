@@ -1,7 +1,8 @@
 //! The OpenAPI 3.1 document that describes this API.
 //!
 //! It is written by hand in `api/openapi.json` and embedded at build time; the tests below keep
-//! it honest against the router's route table, the declarations parameters and the error codes.
+//! it honest against the router's route table, the paged listings' parameters, the queue schemas
+//! and the error codes.
 
 /// The document, served as is at `GET /api/v1/openapi.json`.
 pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
@@ -14,8 +15,9 @@ mod tests {
 
     use super::OPENAPI_JSON;
     use crate::error::ApiError;
-    use crate::handlers::{routes, DECLARATIONS_PATH};
-    use crate::params::HISTORY_PARAMS;
+    use crate::handlers::{routes, DEAD_LETTERS_PATH, DECLARATIONS_PATH};
+    use crate::params::{DEAD_LETTER_PARAMS, HISTORY_PARAMS, MAX_DEAD_LETTER_PAGE};
+    use crate::views::{DeadLetterView, GroupQueue};
 
     fn document() -> Value {
         serde_json::from_str(OPENAPI_JSON).expect("api/openapi.json is not valid JSON")
@@ -76,16 +78,84 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_declarations_query_parameters_match_the_parser() {
-        let doc = document();
-        let documented: BTreeSet<String> = parameters(&doc, DECLARATIONS_PATH)
+    fn query_parameter_names(doc: &Value, path: &str) -> BTreeSet<String> {
+        parameters(doc, path)
             .iter()
             .filter(|p| p["in"] == "query")
             .map(|p| p["name"].as_str().unwrap_or_default().to_owned())
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn the_declarations_query_parameters_match_the_parser() {
+        let doc = document();
         let parsed: BTreeSet<String> = HISTORY_PARAMS.iter().map(|p| (*p).to_owned()).collect();
-        assert_eq!(documented, parsed);
+        assert_eq!(query_parameter_names(&doc, DECLARATIONS_PATH), parsed);
+    }
+
+    #[test]
+    fn the_dead_letter_query_parameters_match_the_parser() {
+        let doc = document();
+        let parsed: BTreeSet<String> = DEAD_LETTER_PARAMS.iter().map(|p| (*p).to_owned()).collect();
+        assert_eq!(query_parameter_names(&doc, DEAD_LETTERS_PATH), parsed);
+        let limit = parameters(&doc, DEAD_LETTERS_PATH)
+            .into_iter()
+            .find(|p| p["name"] == "limit")
+            .expect("no limit parameter");
+        assert_eq!(limit["schema"]["maximum"], MAX_DEAD_LETTER_PAGE);
+    }
+
+    /// The property names a schema requires, and those it lists, against what serializes.
+    fn assert_schema_matches(doc: &Value, schema: &str, serialized: &Value) {
+        let fields: BTreeSet<&str> = serialized
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema}: not an object"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let node = &doc["components"]["schemas"][schema];
+        let required: BTreeSet<&str> = node["required"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema} has no required list"))
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let listed: BTreeSet<&str> = node["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} has no properties"))
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(required, fields, "{schema}.required");
+        assert_eq!(listed, fields, "{schema}.properties");
+    }
+
+    #[test]
+    fn the_queue_schemas_match_what_serializes() {
+        let doc = document();
+        let queue = serde_json::to_value(GroupQueue::default()).unwrap_or_default();
+        assert_schema_matches(&doc, "GroupQueue", &queue);
+        let at = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let dead = DeadLetterView {
+            topic: "t".into(),
+            position: 1,
+            subject: "s".into(),
+            payload_base64: String::new(),
+            headers: wharf_queue::Headers::new(),
+            published_at: at,
+            attempts: 1,
+            last_error: None,
+            dead_at: at,
+        };
+        let dead = serde_json::to_value(dead).unwrap_or_default();
+        assert_schema_matches(&doc, "DeadLetter", &dead);
+        let topic = wharf_queue::TopicStats {
+            topic: "t".into(),
+            head: 0,
+            size: 0,
+        };
+        let topic = serde_json::to_value(topic).unwrap_or_default();
+        assert_schema_matches(&doc, "TopicStats", &topic);
     }
 
     #[test]

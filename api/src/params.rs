@@ -1,4 +1,4 @@
-//! Parsing the query parameters of the declarations listing.
+//! Parsing the query parameters of the paged listings (declarations and dead letters).
 //!
 //! Done by hand rather than by a typed `Query` extractor, so that every refusal is the JSON
 //! error body naming the parameter and the value it had, and so that unknown or repeated
@@ -14,8 +14,14 @@ use crate::error::ApiError;
 /// The query parameters `GET /api/v1/groups/{group}/declarations` understands.
 pub const HISTORY_PARAMS: &[&str] = &["since", "until", "declarer", "after", "limit"];
 
+/// The query parameters `GET /api/v1/groups/{group}/dead-letters` understands.
+pub const DEAD_LETTER_PARAMS: &[&str] = &["after", "limit"];
+
 /// How many entries a page holds when `limit` is not given.
 pub const DEFAULT_LIMIT: u32 = 100;
+
+/// The largest dead-letter page.
+pub const MAX_DEAD_LETTER_PAGE: u32 = 1_000;
 
 /// Builds the history query for `group` from the raw `(name, value)` pairs of the query string.
 pub fn history_query(
@@ -24,23 +30,8 @@ pub fn history_query(
 ) -> Result<HistoryQuery, ApiError> {
     let mut query = HistoryQuery::all(group);
     query.limit = DEFAULT_LIMIT;
-    let mut seen: Vec<&str> = Vec::new();
     let mut raw_since: Option<&str> = None;
-    for (name, value) in pairs {
-        let Some(known) = HISTORY_PARAMS.iter().copied().find(|p| p == name) else {
-            return Err(ApiError::invalid(
-                name,
-                value,
-                format!(
-                    "unknown parameter; expected one of {}",
-                    HISTORY_PARAMS.join(", ")
-                ),
-            ));
-        };
-        if seen.contains(&known) {
-            return Err(ApiError::invalid(name, value, "given more than once"));
-        }
-        seen.push(known);
+    for (known, value) in known_params(pairs, HISTORY_PARAMS)? {
         match known {
             "since" => {
                 query.since = Some(timestamp(known, value)?);
@@ -48,8 +39,8 @@ pub fn history_query(
             }
             "until" => query.until = Some(timestamp(known, value)?),
             "declarer" => query.declarer = Some(DeclarerId::parse(known, value)?.to_string()),
-            "after" => query.after = position(known, value)?,
-            _ => query.limit = limit(known, value)?,
+            "after" => query.after = position(known, value, "ledger")?,
+            _ => query.limit = limit(known, value, MAX_PAGE)?,
         }
     }
     if let (Some(since), Some(until)) = (query.since, query.until) {
@@ -70,6 +61,59 @@ pub fn history_query(
     }
     query.validate()?;
     Ok(query)
+}
+
+/// A page request of a group's dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadLetterQuery {
+    /// Only dead letters after this topic position (the previous page's `next_after`).
+    pub after: i64,
+    /// At most this many (1 to [`MAX_DEAD_LETTER_PAGE`]).
+    pub limit: u32,
+}
+
+impl Default for DeadLetterQuery {
+    fn default() -> Self {
+        Self {
+            after: 0,
+            limit: DEFAULT_LIMIT,
+        }
+    }
+}
+
+/// Builds the dead-letter page request from the raw `(name, value)` pairs of the query string.
+pub fn dead_letter_query(pairs: &[(String, String)]) -> Result<DeadLetterQuery, ApiError> {
+    let mut query = DeadLetterQuery::default();
+    for (known, value) in known_params(pairs, DEAD_LETTER_PARAMS)? {
+        match known {
+            "after" => query.after = position(known, value, "log")?,
+            _ => query.limit = limit(known, value, MAX_DEAD_LETTER_PAGE)?,
+        }
+    }
+    Ok(query)
+}
+
+/// Pairs each parameter with its name from `known`, refusing unknown names and names given
+/// more than once (the first offender, in query-string order).
+fn known_params<'a>(
+    pairs: &'a [(String, String)],
+    known: &[&'static str],
+) -> Result<Vec<(&'static str, &'a str)>, ApiError> {
+    let mut seen: Vec<(&'static str, &'a str)> = Vec::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        let Some(param) = known.iter().copied().find(|p| p == name) else {
+            return Err(ApiError::invalid(
+                name,
+                value,
+                format!("unknown parameter; expected one of {}", known.join(", ")),
+            ));
+        };
+        if seen.iter().any(|(p, _)| *p == param) {
+            return Err(ApiError::invalid(name, value, "given more than once"));
+        }
+        seen.push((param, value));
+    }
+    Ok(seen)
 }
 
 /// Parses an RFC 3339 timestamp.
@@ -95,26 +139,26 @@ fn timestamp(field: &str, raw: &str) -> Result<DateTime<Utc>, ApiError> {
     ))
 }
 
-/// Parses a ledger position (0 or more).
-fn position(field: &str, raw: &str) -> Result<i64, ApiError> {
+/// Parses a position (0 or more) of the `kind` of log named ("ledger" or "log").
+fn position(field: &str, raw: &str, kind: &str) -> Result<i64, ApiError> {
     match raw.parse::<i64>() {
         Ok(at) if at >= 0 => Ok(at),
         _ => Err(ApiError::invalid(
             field,
             raw,
-            "must be a ledger position: an integer, 0 or more",
+            format!("must be a {kind} position: an integer, 0 or more"),
         )),
     }
 }
 
-/// Parses a page size (1 to [`MAX_PAGE`]).
-fn limit(field: &str, raw: &str) -> Result<u32, ApiError> {
+/// Parses a page size (1 to `max`).
+fn limit(field: &str, raw: &str, max: u32) -> Result<u32, ApiError> {
     match raw.parse::<u32>() {
-        Ok(n) if (1..=MAX_PAGE).contains(&n) => Ok(n),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(ApiError::invalid(
             field,
             raw,
-            format!("must be an integer from 1 to {MAX_PAGE}"),
+            format!("must be an integer from 1 to {max}"),
         )),
     }
 }
@@ -191,6 +235,45 @@ mod tests {
                 ("until", "2024-01-02T00:00:00Z"),
             ]),
             "until"
+        );
+    }
+
+    fn dead_letter_refused_field(items: &[(&str, &str)]) -> String {
+        match dead_letter_query(&pairs(items)) {
+            Err(ApiError::InvalidParameter { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dead_letter_paging_is_read_with_defaults() {
+        assert_eq!(
+            dead_letter_query(&[]).unwrap(),
+            DeadLetterQuery {
+                after: 0,
+                limit: DEFAULT_LIMIT
+            }
+        );
+        assert_eq!(
+            dead_letter_query(&pairs(&[("limit", "1000"), ("after", "42")])).unwrap(),
+            DeadLetterQuery {
+                after: 42,
+                limit: 1000
+            }
+        );
+    }
+
+    #[test]
+    fn each_bad_dead_letter_parameter_is_named() {
+        assert_eq!(dead_letter_refused_field(&[("limit", "0")]), "limit");
+        assert_eq!(dead_letter_refused_field(&[("limit", "1001")]), "limit");
+        assert_eq!(dead_letter_refused_field(&[("limit", "")]), "limit");
+        assert_eq!(dead_letter_refused_field(&[("after", "-1")]), "after");
+        assert_eq!(dead_letter_refused_field(&[("after", "1e3")]), "after");
+        assert_eq!(dead_letter_refused_field(&[("since", "x")]), "since");
+        assert_eq!(
+            dead_letter_refused_field(&[("after", "1"), ("after", "2")]),
+            "after"
         );
     }
 

@@ -1,4 +1,4 @@
-//! What every handler shares: the read model and the readiness probe.
+//! What every handler shares: the read model, the message queue and the readiness probe.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wharf_projections::ReadModel;
+use wharf_queue::{Queue, QueueSettings};
 use wharf_store::Store;
 
 /// The future a readiness probe returns: `Ok(())` when ready, else the reason it is not.
@@ -61,21 +62,29 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct ApiState {
     read_model: ReadModel,
+    queue: Queue,
     readiness: Arc<dyn ReadinessProbe>,
     ready_timeout: Duration,
 }
 
 impl ApiState {
     /// State over `read_model`, ready when its store is reachable and migrated.
+    ///
+    /// Queue figures and dead letters are read through a [`Queue`] over the read model's store
+    /// with default settings. The listing reads depend on no setting, so this answers as the
+    /// application's own queue would; [`ApiState::with_queue`] passes that one instead.
     pub fn new(read_model: ReadModel) -> Self {
         let probe = StoreReadiness::new(read_model.store().clone());
         Self::with_readiness(read_model, probe)
     }
 
-    /// State over `read_model` with a custom readiness probe.
+    /// State over `read_model` with a custom readiness probe (and a default queue, as in
+    /// [`ApiState::new`]).
     pub fn with_readiness(read_model: ReadModel, probe: impl ReadinessProbe) -> Self {
+        let queue = Queue::new(read_model.store().clone(), QueueSettings::default());
         Self {
             read_model,
+            queue,
             readiness: Arc::new(probe),
             ready_timeout: DEFAULT_READY_TIMEOUT,
         }
@@ -87,9 +96,23 @@ impl ApiState {
         self
     }
 
+    /// Replaces the queue the topic and group figures and the dead letters are read through.
+    ///
+    /// It must sit over the same store as the read model: the group listing joins the two by
+    /// group name, and nothing here can check that they agree.
+    pub fn with_queue(mut self, queue: Queue) -> Self {
+        self.queue = queue;
+        self
+    }
+
     /// The read model the handlers query.
     pub fn read_model(&self) -> &ReadModel {
         &self.read_model
+    }
+
+    /// The queue the handlers read topic and group figures and dead letters from.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
     }
 
     /// Runs the readiness probe, bounded by the ready timeout.

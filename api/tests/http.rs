@@ -4,7 +4,8 @@
 //! instead of skipping them.
 //!
 //! Data is seeded through the store's locked group executor and the domain's `decide`, the way
-//! a registering worker writes it, so the API reads what production would hold.
+//! a registering worker writes it, so the API reads what production would hold; messages go
+//! through `wharf_queue::Queue` (publish, route, claim, nack) as a producer and workers would.
 
 // All of this file is test code (helpers included, which clippy's allow-unwrap-in-tests does
 // not cover): a panic is how a failed check reports.
@@ -12,6 +13,8 @@
 
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use cqrs_es::Aggregate;
 use serde_json::{json, Value};
@@ -23,6 +26,7 @@ use wharf_domain::{
     LiveInstance, Register, RegisterOutcome, TopicName,
 };
 use wharf_projections::ReadModel;
+use wharf_queue::{Headers, NackOutcome, OutgoingMessage, Queue, QueueSettings};
 use wharf_store::{
     GroupDecision, GroupLock, GroupSnapshot, GroupWrite, Heartbeat, NewEvent, PgSettings, PgStore,
     SqliteStore, Store,
@@ -249,7 +253,8 @@ fn rfc3339(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-/// A group view without the waiters' seconds, which grow between two reads.
+/// A group view without the waiters' seconds and the queue's oldest-unacked age, which grow
+/// between two reads.
 fn without_clock_readings(group: &Value) -> Value {
     let mut group = group.clone();
     for waiter in group["waiters"].as_array_mut().into_iter().flatten() {
@@ -257,7 +262,23 @@ fn without_clock_readings(group: &Value) -> Value {
         fields.remove("waiting_seconds");
         fields.remove("silent_seconds");
     }
+    if let Some(queue) = group["queue"].as_object_mut() {
+        queue.remove("oldest_unacked_seconds");
+    }
     group
+}
+
+/// The queue figures of a group with nothing routed, in flight or dead.
+fn idle_queue(routed_position: i64, routed_lag: i64) -> Value {
+    json!({
+        "routed_position": routed_position,
+        "routed_lag": routed_lag,
+        "claimable": 0,
+        "in_flight": 0,
+        "backing_off": 0,
+        "dead_letters": 0,
+        "oldest_unacked_seconds": null,
+    })
 }
 
 fn positions(page: &Value) -> Vec<i64> {
@@ -371,6 +392,8 @@ async fn listing(store: Store) {
     assert_eq!(instances[0]["declarer"], "host-a:1:aa");
     assert_eq!(instances[0]["patterns"], json!(["orders/+/created"]));
     assert_eq!(instances[0]["live"], true);
+    // Nothing was ever published to the group's topic: every queue figure is zero.
+    assert_eq!(group["queue"], idle_queue(0, 0), "{group}");
 
     let (status, body) = app.get("/api/v1/groups/bad$name").await;
     assert_eq!(status, 400, "{body}");
@@ -567,6 +590,245 @@ async fn declarations(store: Store) {
     app.shut_down().await;
 }
 
+fn dead_positions(page: &Value) -> Vec<i64> {
+    page["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["position"].as_i64().unwrap())
+        .collect()
+}
+
+/// The queue listing: topics, each group's queue figures as messages are published, routed,
+/// claimed and nacked, and the dead letters with their paging and refusals.
+async fn queue_listing(store: Store) {
+    // The app's own queue: one attempt, so the first nack dead-letters.
+    let queue = Queue::new(
+        store.clone(),
+        QueueSettings {
+            max_attempts: 1,
+            ..QueueSettings::default()
+        },
+    );
+    let state = ApiState::new(ReadModel::new(store.clone(), TTL)).with_queue(queue.clone());
+    let app = App::start(state).await;
+
+    let (status, body) = app.get("/api/v1/topics").await;
+    assert_eq!((status, body), (200, json!({ "topics": [] })));
+
+    register(
+        &store,
+        "billing",
+        "orders",
+        "host-a:1:aa",
+        &["orders/+/paid"],
+        &[],
+    )
+    .await;
+    register(
+        &store,
+        "refunds",
+        "orders",
+        "host-b:2:bb",
+        &["orders/+/refunded"],
+        &[],
+    )
+    .await;
+    let billing = GroupName::parse("group", "billing").unwrap();
+    let refunds = GroupName::parse("group", "refunds").unwrap();
+    let (_, group) = app.get("/api/v1/groups/billing").await;
+    assert_eq!(group["queue"], idle_queue(0, 0), "{group}");
+
+    let topic = TopicName::parse("topic", "orders").unwrap();
+    let first_payload = b"\xff\x00paid-eu".to_vec();
+    let messages = [
+        OutgoingMessage::new(
+            "orders/eu/paid",
+            first_payload.clone(),
+            Headers::from([("trace".to_owned(), "t-1".to_owned())]),
+        )
+        .unwrap(),
+        OutgoingMessage::new("orders/eu/refunded", b"refund".to_vec(), Headers::new()).unwrap(),
+        OutgoingMessage::new("orders/us/paid", b"paid-us".to_vec(), Headers::new()).unwrap(),
+    ];
+    assert_eq!(queue.publish(&topic, &messages).await.unwrap(), [1, 2, 3]);
+
+    let (status, body) = app.get("/api/v1/topics").await;
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({ "topics": [{ "topic": "orders", "head": 3, "size": 3 }] })
+        )
+    );
+
+    // Published, not routed: the whole log is the group's routing lag.
+    let (status, group) = app.get("/api/v1/groups/billing").await;
+    assert_eq!(status, 200, "{group}");
+    assert_eq!(group["queue"], idle_queue(0, 3), "{group}");
+
+    // Routed: two of three match the group's set and are claimable.
+    let report = queue.route(&billing).await.unwrap();
+    assert_eq!((report.routed, report.position), (2, 3), "{report:?}");
+    let (_, group) = app.get("/api/v1/groups/billing").await;
+    let figures = &group["queue"];
+    assert_eq!(figures["routed_position"], 3, "{group}");
+    assert_eq!(figures["routed_lag"], 0, "{group}");
+    assert_eq!(figures["claimable"], 2, "{group}");
+    assert_eq!(figures["in_flight"], 0, "{group}");
+    assert!(
+        figures["oldest_unacked_seconds"].as_f64().unwrap() >= 0.0,
+        "{group}"
+    );
+
+    // Claimed: in flight, no longer claimable.
+    let claimed = queue.claim(&billing, "host-a:1:aa", 10).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    let (_, group) = app.get("/api/v1/groups/billing").await;
+    assert_eq!(group["queue"]["claimable"], 0, "{group}");
+    assert_eq!(group["queue"]["in_flight"], 2, "{group}");
+    assert_eq!(group["queue"]["dead_letters"], 0, "{group}");
+
+    // Nacked with one attempt allowed: dead letters, nothing left unacked.
+    for message in &claimed {
+        let outcome = queue.nack(message, "boom").await.unwrap();
+        assert_eq!(outcome, NackOutcome::DeadLettered);
+    }
+    let (_, group) = app.get("/api/v1/groups/billing").await;
+    assert_eq!(
+        group["queue"],
+        json!({
+            "routed_position": 3,
+            "routed_lag": 0,
+            "claimable": 0,
+            "in_flight": 0,
+            "backing_off": 0,
+            "dead_letters": 2,
+            "oldest_unacked_seconds": null,
+        }),
+        "{group}"
+    );
+
+    // The other group retries (default settings): its nacked message backs off.
+    let retrying = Queue::new(store.clone(), QueueSettings::default());
+    let claimed_refund = retrying.fetch(&refunds, "host-b:2:bb", 10).await.unwrap();
+    assert_eq!(claimed_refund.len(), 1);
+    let outcome = retrying.nack(&claimed_refund[0], "later").await.unwrap();
+    assert!(
+        matches!(outcome, NackOutcome::Retrying { .. }),
+        "{outcome:?}"
+    );
+
+    // The list joins each group with its own figures.
+    let (status, body) = app.get("/api/v1/groups").await;
+    assert_eq!(status, 200, "{body}");
+    let groups = body["groups"].as_array().unwrap();
+    let names: Vec<&str> = groups
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["billing", "refunds"]);
+    assert_eq!(
+        without_clock_readings(&groups[0]),
+        without_clock_readings(&group),
+        "one group equals its entry in the list"
+    );
+    let refund_figures = &groups[1]["queue"];
+    assert_eq!(refund_figures["routed_position"], 3, "{body}");
+    assert_eq!(refund_figures["backing_off"], 1, "{body}");
+    assert_eq!(refund_figures["claimable"], 0, "{body}");
+    assert_eq!(refund_figures["in_flight"], 0, "{body}");
+    assert_eq!(refund_figures["dead_letters"], 0, "{body}");
+    assert!(
+        refund_figures["oldest_unacked_seconds"].is_number(),
+        "{body}"
+    );
+
+    // The dead letters, whole.
+    let (status, page) = app.get("/api/v1/groups/billing/dead-letters").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["next_after"], Value::Null);
+    assert_eq!(dead_positions(&page), [1, 3]);
+    let first = &page["dead_letters"][0];
+    assert_eq!(first["topic"], "orders");
+    assert_eq!(first["subject"], "orders/eu/paid");
+    assert_eq!(first["payload_base64"], "/wBwYWlkLWV1");
+    let decoded = STANDARD
+        .decode(first["payload_base64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(decoded, first_payload);
+    assert_eq!(first["headers"], json!({ "trace": "t-1" }));
+    assert_eq!(first["attempts"], 1);
+    assert_eq!(first["last_error"], "boom");
+    let claimed_first = claimed.iter().find(|c| c.position == 1).unwrap();
+    assert_eq!(
+        first["published_at"],
+        serde_json::to_value(claimed_first.published_at).unwrap()
+    );
+    let published: DateTime<Utc> = first["published_at"].as_str().unwrap().parse().unwrap();
+    let dead_at: DateTime<Utc> = first["dead_at"].as_str().unwrap().parse().unwrap();
+    assert!(dead_at >= published, "{first}");
+    assert!(first.get("payload").is_none(), "{first}");
+    let second = &page["dead_letters"][1];
+    assert_eq!(second["subject"], "orders/us/paid");
+    assert_eq!(second["payload_base64"], STANDARD.encode(b"paid-us"));
+    assert_eq!(second["headers"], json!({}));
+
+    // Paging: limit=1 hands out next_after, and following it yields the next dead letter.
+    let path = "/api/v1/groups/billing/dead-letters";
+    let (status, one) = app.get(&format!("{path}?limit=1")).await;
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(dead_positions(&one), [1]);
+    assert_eq!(one["next_after"], 1);
+    assert_eq!(one["dead_letters"][0], *first);
+    let (_, two) = app.get(&format!("{path}?after=1&limit=1")).await;
+    assert_eq!(dead_positions(&two), [3]);
+    assert_eq!(two["next_after"], 3);
+    let (status, past) = app.get(&format!("{path}?limit=1&after=3")).await;
+    assert_eq!(
+        (status, past),
+        (200, json!({ "dead_letters": [], "next_after": null }))
+    );
+    let (status, none) = app.get("/api/v1/groups/refunds/dead-letters").await;
+    assert_eq!(
+        (status, none),
+        (200, json!({ "dead_letters": [], "next_after": null }))
+    );
+
+    // An unknown group is a 404; each bad parameter a 400 naming it, checked before the lookup.
+    let (status, body) = app.get("/api/v1/groups/unknown/dead-letters").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "not_found");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unknown"));
+    app.expect_invalid(&format!("{path}?limit=0"), "limit", "0")
+        .await;
+    app.expect_invalid(&format!("{path}?limit=1001"), "limit", "1001")
+        .await;
+    app.expect_invalid(&format!("{path}?limit=many"), "limit", "many")
+        .await;
+    app.expect_invalid(&format!("{path}?after=-1"), "after", "-1")
+        .await;
+    app.expect_invalid(&format!("{path}?after=1&after=2"), "after", "2")
+        .await;
+    app.expect_invalid(&format!("{path}?colour=blue"), "colour", "blue")
+        .await;
+    app.expect_invalid(
+        &format!("{path}?since=2024-01-01T00:00:00Z"),
+        "since",
+        "2024-01-01T00:00:00Z",
+    )
+    .await;
+    app.expect_invalid("/api/v1/groups/unknown/dead-letters?limit=0", "limit", "0")
+        .await;
+    app.expect_invalid("/api/v1/groups/bad$name/dead-letters", "group", "bad$name")
+        .await;
+
+    app.shut_down().await;
+}
+
 /// The document, the probes and the JSON fallbacks.
 async fn probes_and_docs(store: Store) {
     let app = App::over(&store).await;
@@ -575,9 +837,11 @@ async fn probes_and_docs(store: Store) {
     assert_eq!(status, 200);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     for path in [
+        wharf_api::TOPICS_PATH,
         wharf_api::GROUPS_PATH,
         wharf_api::GROUP_PATH,
         wharf_api::DECLARATIONS_PATH,
+        wharf_api::DEAD_LETTERS_PATH,
         wharf_api::OPENAPI_PATH,
         wharf_api::HEALTHZ_PATH,
         wharf_api::READYZ_PATH,
@@ -641,6 +905,12 @@ async fn sqlite_listing() {
 async fn sqlite_declarations() {
     let dir = tempfile::tempdir().unwrap();
     declarations(sqlite_store(&dir, "wharf.db", true).await).await;
+}
+
+#[tokio::test]
+async fn sqlite_queue_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    queue_listing(sqlite_store(&dir, "wharf.db", true).await).await;
 }
 
 #[tokio::test]
@@ -740,6 +1010,15 @@ async fn postgres_declarations() {
 }
 
 #[tokio::test]
+async fn postgres_queue_listing() {
+    let Some(db) = PgDb::new(true).await else {
+        return;
+    };
+    queue_listing(db.store.clone()).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn postgres_probes_and_docs() {
     let Some(db) = PgDb::new(true).await else {
         return;
@@ -792,9 +1071,11 @@ async fn unreachable_postgres_is_unavailable_but_live() {
     assert_eq!(body["status"], "fail");
 
     for path in [
+        "/api/v1/topics",
         "/api/v1/groups",
         "/api/v1/groups/billing",
         "/api/v1/groups/billing/declarations",
+        "/api/v1/groups/billing/dead-letters",
     ] {
         let (status, body) = app.get(path).await;
         assert_eq!(status, 503, "GET {path}: {body}");

@@ -161,13 +161,15 @@ impl Queue {
         }
     }
 
-    /// A page of the group's dead letters, after position `after`.
+    /// A page of the group's dead letters, after position `after` (`limit` is clamped to
+    /// 1..=1000).
     pub async fn dead_letters(
         &self,
         group: &GroupName,
         after: i64,
         limit: i64,
     ) -> Result<Vec<DeadLetter>, QueueError> {
+        let limit = limit.clamp(1, 1_000);
         match &self.store {
             Store::Sqlite(s) => sqlite::dead_letters(s, group, after, limit).await,
             Store::Postgres(s) => postgres::dead_letters(s, group, after, limit).await,

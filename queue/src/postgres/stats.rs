@@ -40,20 +40,21 @@ pub(crate) async fn group_stats(
     group: Option<&str>,
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
     let rows: Vec<GroupRow> = sqlx::query_as(
-        "SELECT g.group_name, g.topic, g.routed_position, \
+        "WITH clock AS (SELECT clock_timestamp() AS now) \
+         SELECT g.group_name, g.topic, g.routed_position, \
            COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
            (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at <= clock_timestamp()), \
+              AND d.visible_at <= clock.now), \
            (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at > clock_timestamp() AND d.claim_token IS NOT NULL), \
+              AND d.visible_at > clock.now AND d.claim_token IS NOT NULL), \
            (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at > clock_timestamp() AND d.claim_token IS NULL), \
+              AND d.visible_at > clock.now AND d.claim_token IS NULL), \
            (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
            (SELECT m.published_at FROM delivery d JOIN message m \
               ON m.topic = d.topic AND m.position = d.position \
               WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
-           clock_timestamp() \
-         FROM consumer_group g WHERE $1::text IS NULL OR g.group_name = $1 ORDER BY g.group_name",
+           clock.now \
+         FROM consumer_group g, clock WHERE $1::text IS NULL OR g.group_name = $1 ORDER BY g.group_name",
     )
     .bind(group)
     .fetch_all(store.pool())

@@ -1,0 +1,271 @@
+//! The response bodies this crate shapes itself: a group joined with its queue figures, the
+//! topic list and the dead-letter page. (Group views and history pages are the read model's
+//! own types, served as they are.)
+
+use std::collections::HashMap;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use wharf_projections::GroupView;
+use wharf_queue::{DeadLetter, GroupQueueStats, Headers, TopicStats};
+
+/// A group as the group endpoints answer it: its declaration view with a `queue` object beside
+/// the view's own fields.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupDetail {
+    /// The group's declaration view (its fields appear at the top level).
+    #[serde(flatten)]
+    pub view: GroupView,
+    /// The group's queue figures.
+    pub queue: GroupQueue,
+}
+
+/// A group's queue figures: [`GroupQueueStats`] without its `group` and `topic`, which the
+/// enclosing group object already carries.
+///
+/// A group with no queue row reads as all zeros and no unacked message.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GroupQueue {
+    /// The topic position the group has routed up to.
+    pub routed_position: i64,
+    /// Topic positions published but not yet routed for the group.
+    pub routed_lag: i64,
+    /// Routed messages claimable now.
+    pub claimable: i64,
+    /// Messages claimed and neither acked nor expired.
+    pub in_flight: i64,
+    /// Nacked messages waiting out their backoff.
+    pub backing_off: i64,
+    /// Messages in the group's dead letters.
+    pub dead_letters: i64,
+    /// Seconds since the oldest routed but unacked message was published; `None` when there is
+    /// none.
+    pub oldest_unacked_seconds: Option<f64>,
+}
+
+impl From<GroupQueueStats> for GroupQueue {
+    fn from(stats: GroupQueueStats) -> Self {
+        Self {
+            routed_position: stats.routed_position,
+            routed_lag: stats.routed_lag,
+            claimable: stats.claimable,
+            in_flight: stats.in_flight,
+            backing_off: stats.backing_off,
+            dead_letters: stats.dead_letters,
+            oldest_unacked_seconds: stats.oldest_unacked_seconds,
+        }
+    }
+}
+
+impl GroupDetail {
+    /// Joins `view` with the first of `stats` that names its group (zeros when none does).
+    pub fn new(view: GroupView, stats: impl IntoIterator<Item = GroupQueueStats>) -> Self {
+        let queue = stats
+            .into_iter()
+            .find(|s| s.group == view.group)
+            .map(GroupQueue::from)
+            .unwrap_or_default();
+        Self { view, queue }
+    }
+
+    /// Joins every view with the stats row of the same group name, in the views' order.
+    /// Stats rows of groups the views do not list are dropped.
+    pub fn join(views: Vec<GroupView>, stats: Vec<GroupQueueStats>) -> Vec<Self> {
+        let mut by_group: HashMap<String, GroupQueueStats> =
+            stats.into_iter().map(|s| (s.group.clone(), s)).collect();
+        views
+            .into_iter()
+            .map(|view| {
+                let queue = by_group
+                    .remove(&view.group)
+                    .map(GroupQueue::from)
+                    .unwrap_or_default();
+                Self { view, queue }
+            })
+            .collect()
+    }
+}
+
+/// The body of `GET /api/v1/groups`.
+#[derive(Debug, Serialize)]
+pub struct GroupList {
+    /// Every declared group, by name.
+    pub groups: Vec<GroupDetail>,
+}
+
+/// The body of `GET /api/v1/topics`.
+#[derive(Debug, Serialize)]
+pub struct TopicList {
+    /// Every topic ever published to, by name.
+    pub topics: Vec<TopicStats>,
+}
+
+/// One dead letter as listed, with its payload in standard base64.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadLetterView {
+    /// The topic.
+    pub topic: String,
+    /// The message's position in the topic.
+    pub position: i64,
+    /// Its subject.
+    pub subject: String,
+    /// Its body, base64 (standard alphabet, padded).
+    pub payload_base64: String,
+    /// Its headers.
+    pub headers: Headers,
+    /// When it was published.
+    pub published_at: DateTime<Utc>,
+    /// How many times it was claimed.
+    pub attempts: i32,
+    /// The last handler error, if one was given.
+    pub last_error: Option<String>,
+    /// When it was dead-lettered.
+    pub dead_at: DateTime<Utc>,
+}
+
+impl From<DeadLetter> for DeadLetterView {
+    fn from(dead: DeadLetter) -> Self {
+        Self {
+            topic: dead.topic,
+            position: dead.position,
+            subject: dead.subject,
+            payload_base64: STANDARD.encode(&dead.payload),
+            headers: dead.headers,
+            published_at: dead.published_at,
+            attempts: dead.attempts,
+            last_error: dead.last_error,
+            dead_at: dead.dead_at,
+        }
+    }
+}
+
+/// The body of `GET /api/v1/groups/{group}/dead-letters`.
+#[derive(Debug, Serialize)]
+pub struct DeadLetterPage {
+    /// The page, by position.
+    pub dead_letters: Vec<DeadLetterView>,
+    /// Pass as `after` for the next page; `None` when this page was not full. A full last page
+    /// still names a cursor, whose page then comes back empty.
+    pub next_after: Option<i64>,
+}
+
+impl DeadLetterPage {
+    /// The page holding `letters`, read with a page size of `limit`.
+    pub fn new(letters: Vec<DeadLetter>, limit: u32) -> Self {
+        let full = letters.len() >= limit as usize;
+        let next_after = if full {
+            letters.last().map(|d| d.position)
+        } else {
+            None
+        };
+        Self {
+            dead_letters: letters.into_iter().map(DeadLetterView::from).collect(),
+            next_after,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use wharf_projections::EffectiveView;
+
+    use super::*;
+
+    fn view(group: &str) -> GroupView {
+        let at = DateTime::<Utc>::UNIX_EPOCH;
+        GroupView {
+            group: group.to_owned(),
+            topic: "orders".to_owned(),
+            effective: EffectiveView {
+                patterns: Vec::new(),
+                whole_topic: true,
+                declarer: "host:1:aa".to_owned(),
+                version: "1".to_owned(),
+                declared_at: at,
+                installed_at: at,
+                position: 1,
+                installs: 1,
+                previous: None,
+            },
+            waiters: Vec::new(),
+            instances: Vec::new(),
+        }
+    }
+
+    fn stats(group: &str, claimable: i64) -> GroupQueueStats {
+        GroupQueueStats {
+            group: group.to_owned(),
+            topic: "orders".to_owned(),
+            routed_position: 7,
+            routed_lag: 2,
+            claimable,
+            in_flight: 1,
+            backing_off: 0,
+            dead_letters: 3,
+            oldest_unacked_seconds: Some(1.5),
+        }
+    }
+
+    #[test]
+    fn the_queue_sits_beside_the_view_fields() {
+        let detail = GroupDetail::new(view("billing"), vec![stats("billing", 4)]);
+        let body = serde_json::to_value(&detail).unwrap();
+        assert_eq!(body["group"], "billing");
+        assert_eq!(body["effective"]["whole_topic"], true);
+        assert_eq!(
+            body["queue"],
+            json!({
+                "routed_position": 7, "routed_lag": 2, "claimable": 4, "in_flight": 1,
+                "backing_off": 0, "dead_letters": 3, "oldest_unacked_seconds": 1.5
+            })
+        );
+    }
+
+    #[test]
+    fn the_join_is_by_name_and_a_missing_row_reads_as_zeros() {
+        let joined = GroupDetail::join(
+            vec![view("a"), view("b"), view("c")],
+            vec![stats("c", 9), stats("zz", 5), stats("a", 1)],
+        );
+        let claimable: Vec<i64> = joined.iter().map(|d| d.queue.claimable).collect();
+        assert_eq!(claimable, [1, 0, 9]);
+        assert_eq!(joined[1].queue, GroupQueue::default());
+        let zeros = serde_json::to_value(&joined[1].queue).unwrap();
+        assert_eq!(zeros["oldest_unacked_seconds"], serde_json::Value::Null);
+        assert_eq!(zeros["routed_lag"], 0);
+        assert_eq!(GroupDetail::new(view("x"), Vec::new()).queue.claimable, 0);
+    }
+
+    fn dead(position: i64, payload: &[u8]) -> DeadLetter {
+        DeadLetter {
+            group: "billing".to_owned(),
+            topic: "orders".to_owned(),
+            position,
+            subject: "orders/eu/paid".to_owned(),
+            payload: payload.to_vec(),
+            headers: Headers::new(),
+            published_at: DateTime::<Utc>::UNIX_EPOCH,
+            attempts: 1,
+            last_error: None,
+            dead_at: DateTime::<Utc>::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn dead_letters_carry_base64_and_a_cursor_only_when_full() {
+        let page = DeadLetterPage::new(vec![dead(3, b"\xff\x00hi"), dead(8, b"")], 2);
+        assert_eq!(page.next_after, Some(8));
+        assert_eq!(page.dead_letters[0].payload_base64, "/wBoaQ==");
+        assert_eq!(page.dead_letters[1].payload_base64, "");
+        let body = serde_json::to_value(&page.dead_letters[0]).unwrap();
+        assert!(body.get("group").is_none(), "{body}");
+        assert!(body.get("payload").is_none(), "{body}");
+
+        let short = DeadLetterPage::new(vec![dead(3, b"x")], 2);
+        assert_eq!(short.next_after, None);
+        assert_eq!(DeadLetterPage::new(Vec::new(), 1).next_after, None);
+    }
+}
