@@ -23,6 +23,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// The deferred pruner.
     pub prune: PruneConfig,
+    /// The message log: claims, retries, the consumer runtime and log retention.
+    pub queue: QueueConfig,
 }
 
 /// Where the ledger lives.
@@ -116,6 +118,105 @@ impl Default for PruneConfig {
     }
 }
 
+/// The message log: how claims and retries behave, how a consumer's runtime claims and drains,
+/// and how long the log keeps aged messages.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// How long a claim hides a message from other instances; a handler still running after
+    /// this may see its message redelivered elsewhere (delivery is at least once).
+    #[serde(with = "humantime_serde")]
+    pub visibility_timeout: Duration,
+    /// How many times a message may be claimed before it goes to the group's dead letters.
+    pub max_attempts: u32,
+    /// The backoff after a message's first failure; it doubles with every further attempt.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// The longest backoff between attempts.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// How many log positions one routing step reads.
+    pub route_batch: i64,
+    /// The most messages a consumer claims in one fetch.
+    pub claim_batch: u32,
+    /// How long a consumer waits after a fetch that claimed nothing before it fetches again.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// The most handlers one consumer runs at once.
+    pub concurrency: u32,
+    /// How long a shutting-down consumer waits for its running handlers before it aborts them
+    /// (their claims then expire and the messages are redelivered).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Messages older than this that no live group still needs are deleted from the log.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Rows per retention delete transaction.
+    pub retention_batch: i64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            visibility_timeout: Duration::from_secs(30),
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            route_batch: 1000,
+            claim_batch: 32,
+            poll_interval: Duration::from_millis(200),
+            concurrency: 8,
+            drain_timeout: Duration::from_secs(30),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            retention_batch: 5000,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The claim and retry settings the queue layer works with.
+    pub fn settings(&self) -> wharf_queue::QueueSettings {
+        wharf_queue::QueueSettings {
+            visibility_timeout: self.visibility_timeout,
+            max_attempts: self.max_attempts,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            route_batch: self.route_batch,
+        }
+    }
+
+    fn validate(&self) -> Result<(), WharfError> {
+        let zero_durations = [
+            ("visibility_timeout", self.visibility_timeout),
+            ("poll_interval", self.poll_interval),
+            ("retention", self.retention),
+        ];
+        if let Some((key, _)) = zero_durations.iter().find(|(_, d)| d.is_zero()) {
+            return Err(WharfError::Config(format!("queue.{key} must be above 0")));
+        }
+        let counts = [
+            ("max_attempts", i64::from(self.max_attempts)),
+            ("route_batch", self.route_batch),
+            ("claim_batch", i64::from(self.claim_batch)),
+            ("concurrency", i64::from(self.concurrency)),
+            ("retention_batch", self.retention_batch),
+        ];
+        if let Some((key, value)) = counts.iter().find(|(_, n)| *n < 1) {
+            return Err(WharfError::Config(format!(
+                "queue.{key} must be at least 1, got {value}"
+            )));
+        }
+        if self.backoff_max < self.backoff_base {
+            return Err(WharfError::Config(format!(
+                "queue.backoff_max ({}) must not be below queue.backoff_base ({})",
+                humantime::format_duration(self.backoff_max),
+                humantime::format_duration(self.backoff_base)
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The prefix of environment overrides: `WHARF_STORE__URL`, `WHARF_HTTP__LISTEN`, ...
 pub const ENV_PREFIX: &str = "WHARF_";
 
@@ -137,9 +238,7 @@ impl Config {
             None => toml::Table::new(),
         };
         apply_env(&mut table, env)?;
-        let config: Config = toml::Value::Table(table)
-            .try_into()
-            .map_err(|e: toml::de::Error| WharfError::Config(e.message().to_owned()))?;
+        let config = decode(&table)?;
         config.validate()?;
         Ok(config)
     }
@@ -176,10 +275,40 @@ impl Config {
                 self.prune.batch
             )));
         }
+        self.queue.validate()?;
         wharf_store::StoreLocation::parse(&self.store.url)
             .map_err(|e| WharfError::Config(format!("store.url: {e}")))?;
         Ok(())
     }
+}
+
+/// Deserializes the merged table through its TOML text, so a value of the wrong type can be
+/// reported with its key (`queue.concurrency: invalid type ...`).
+fn decode(table: &toml::Table) -> Result<Config, WharfError> {
+    let text = toml::to_string(table)
+        .map_err(|e| WharfError::Config(format!("cannot re-encode the configuration: {e}")))?;
+    toml::from_str(&text).map_err(|e: toml::de::Error| {
+        let message = e.message().trim_end();
+        WharfError::Config(match e.span().and_then(|span| key_at(&text, span.start)) {
+            Some(key) => format!("{key}: {message}"),
+            None => message.to_owned(),
+        })
+    })
+}
+
+/// The dotted key (`section.key`) of the line of `text` that holds byte `offset`.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let line_start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text.get(line_start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    let section = text[..line_start]
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix('[')?.strip_suffix(']'));
+    Some(match section {
+        Some(section) => format!("{section}.{key}"),
+        None => key.to_owned(),
+    })
 }
 
 fn apply_env(
@@ -272,15 +401,68 @@ mod tests {
     #[test]
     fn a_bad_value_names_its_key() {
         let err = Config::load(None, env(&[("WHARF_HTTP__LISTEN", "not-an-address")])).unwrap_err();
-        assert!(
-            err.to_string().contains("listen") || err.to_string().contains("address"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("http.listen"), "{err}");
         let err =
             Config::load(None, env(&[("WHARF_DECLARATIONS__INSTANCE_TTL", "1s")])).unwrap_err();
         assert!(err.to_string().contains("instance_ttl"), "{err}");
         let err = Config::load(None, env(&[("WHARF_STORE__URL", "mysql://x")])).unwrap_err();
         assert!(err.to_string().contains("store.url"), "{err}");
+    }
+
+    #[test]
+    fn queue_defaults_match_the_queue_layer() {
+        let queue = Config::load(None, env(&[])).unwrap().queue;
+        assert_eq!(queue.settings(), wharf_queue::QueueSettings::default());
+        assert_eq!(queue.claim_batch, 32);
+        assert_eq!(queue.poll_interval, Duration::from_millis(200));
+        assert_eq!(queue.concurrency, 8);
+        assert_eq!(queue.drain_timeout, Duration::from_secs(30));
+        assert_eq!(queue.retention, Duration::from_secs(7 * 24 * 3600));
+        assert_eq!(queue.retention_batch, 5000);
+    }
+
+    #[test]
+    fn queue_keys_take_humantime_and_integers_from_the_environment() {
+        let config = Config::load(
+            None,
+            env(&[
+                ("WHARF_QUEUE__VISIBILITY_TIMEOUT", "2m"),
+                ("WHARF_QUEUE__POLL_INTERVAL", "50ms"),
+                ("WHARF_QUEUE__CLAIM_BATCH", "64"),
+                ("WHARF_QUEUE__MAX_ATTEMPTS", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(config.queue.visibility_timeout, Duration::from_secs(120));
+        assert_eq!(config.queue.poll_interval, Duration::from_millis(50));
+        assert_eq!(config.queue.claim_batch, 64);
+        assert_eq!(config.queue.settings().max_attempts, 1);
+    }
+
+    #[test]
+    fn unusable_queue_values_name_their_key() {
+        for (name, value, key) in [
+            ("WHARF_QUEUE__MAX_ATTEMPTS", "0", "queue.max_attempts"),
+            ("WHARF_QUEUE__CONCURRENCY", "0", "queue.concurrency"),
+            ("WHARF_QUEUE__CLAIM_BATCH", "0", "queue.claim_batch"),
+            ("WHARF_QUEUE__ROUTE_BATCH", "-1", "queue.route_batch"),
+            ("WHARF_QUEUE__RETENTION_BATCH", "0", "queue.retention_batch"),
+            (
+                "WHARF_QUEUE__VISIBILITY_TIMEOUT",
+                "0s",
+                "queue.visibility_timeout",
+            ),
+            ("WHARF_QUEUE__POLL_INTERVAL", "0s", "queue.poll_interval"),
+            ("WHARF_QUEUE__RETENTION", "0s", "queue.retention"),
+            ("WHARF_QUEUE__BACKOFF_BASE", "10m", "queue.backoff_max"),
+        ] {
+            let err = Config::load(None, env(&[(name, value)])).unwrap_err();
+            assert!(err.to_string().contains(key), "{name}={value}: {err}");
+        }
+        let err = Config::load(None, env(&[("WHARF_QUEUE__CONCURRENCY", "many")])).unwrap_err();
+        assert!(err.to_string().contains("queue.concurrency"), "{err}");
+        let err = Config::load(None, env(&[("WHARF_QUEUE__DRAIN_TIMEOUT", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("queue.drain_timeout"), "{err}");
     }
 
     #[test]

@@ -1,12 +1,18 @@
 //! The consuming instance's declaration lifecycle: wait, join, heartbeat, leave.
 //!
+//! A consumer started with a handler also runs the claim loop (`runtime`) beside this lifecycle;
+//! the loop claims only while the state is [`ConsumerState::Consuming`].
+//!
 //! `consume` re-attempts the declaration on an interval until it joins or installs (even when
 //! `register` already installed: between the two calls the instance had no heartbeat, so another
 //! declarer may have replaced the set). While waiting it logs loudly at warn and is never ready.
 //! Once joined it heartbeats; if its heartbeat row is gone or the group's effective set is no
-//! longer its own, it stops being ready and goes back to declaring. On shutdown it leaves, so a
-//! waiting new set does not have to wait for this instance's heartbeat to lapse.
+//! longer its own, it stops being ready and goes back to declaring. On shutdown it stops claiming,
+//! drains its running handlers (heartbeating meanwhile, so its set stays in effect while they
+//! finish), and only then leaves, so a waiting new set does not have to wait for this instance's
+//! heartbeat to lapse.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,6 +26,7 @@ use wharf_store::Store;
 use crate::config::DeclarationConfig;
 use crate::declare::{attempt, Registration};
 use crate::error::WharfError;
+use crate::runtime::{ConsumerStats, Counters, Runtime};
 
 /// Where a consumer is in its lifecycle.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,13 +72,16 @@ impl ConsumerState {
 
 /// A running consumer's handle.
 ///
-/// Call [`Consumer::shutdown`] to stop gracefully (the instance leaves the group's live
-/// instances at once). Dropping the handle instead stops the task abruptly, as a crash would:
-/// the heartbeat row stays and lapses after the instance TTL.
+/// Call [`Consumer::shutdown`] to stop gracefully (running handlers are drained, then the
+/// instance leaves the group's live instances at once). Dropping the handle instead stops
+/// everything abruptly, as a crash would: running handlers are cancelled, their claims expire
+/// after the visibility timeout, and the heartbeat row stays until it lapses after the instance
+/// TTL.
 pub struct Consumer {
     state: watch::Receiver<ConsumerState>,
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
 }
 
 impl Drop for Consumer {
@@ -98,14 +108,22 @@ impl Consumer {
         self.state.clone()
     }
 
-    /// Stops heartbeating, leaves the group's live instances, and waits for the task to end.
-    pub async fn shutdown(mut self) {
+    /// What this consumer's handlers have done so far (all zero without a handler).
+    pub fn stats(&self) -> ConsumerStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops claiming, waits for running handlers up to `queue.drain_timeout` (aborting the
+    /// rest), then stops heartbeating and leaves the group's live instances. Returns, once all
+    /// of that is done, what the handlers did in the consumer's lifetime.
+    pub async fn shutdown(mut self) -> ConsumerStats {
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
             if let Err(e) = task.await {
                 error!(error = %e, "consumer task ended abnormally");
             }
         }
+        self.counters.snapshot()
     }
 }
 
@@ -118,22 +136,53 @@ pub(crate) struct Lifecycle {
     pub settings: DeclarationConfig,
 }
 
-/// Starts the lifecycle task.
-pub(crate) fn start(lifecycle: Lifecycle) -> Consumer {
+/// Starts the lifecycle task, with the claim loop beside it when there is a handler.
+pub(crate) fn start(lifecycle: Lifecycle, runtime: Option<Runtime>) -> Consumer {
     let (state_tx, state) = watch::channel(ConsumerState::Declaring);
     let (stop, stop_rx) = watch::channel(false);
+    let counters = runtime
+        .as_ref()
+        .map(|runtime| runtime.counters.clone())
+        .unwrap_or_default();
     let span = tracing::info_span!(
         "consume",
         group = %lifecycle.registration.group,
         topic = %lifecycle.registration.topic,
         declarer = %lifecycle.declarer,
     );
-    let task = tokio::spawn(lifecycle.run(state_tx, stop_rx).instrument(span));
+    let task = tokio::spawn(supervise(lifecycle, runtime, state_tx, stop_rx).instrument(span));
     Consumer {
         state,
         stop,
         task: Some(task),
+        counters,
     }
+}
+
+/// Runs the lifecycle (and the claim loop, if any) until stopped, then leaves.
+///
+/// With a claim loop, a stop first ends claiming; the lifecycle keeps heartbeating until the
+/// loop has drained, so the instance leaves only once no handler of it runs any more.
+async fn supervise(
+    lifecycle: Lifecycle,
+    runtime: Option<Runtime>,
+    state: watch::Sender<ConsumerState>,
+    stop: watch::Receiver<bool>,
+) {
+    match runtime {
+        None => lifecycle.run(&state, stop.clone(), stop).await,
+        Some(runtime) => {
+            let (halt_tx, halt) = watch::channel(false);
+            let claims = runtime.run(state.subscribe(), stop.clone());
+            let claims = async move {
+                claims.await;
+                halt_tx.send_replace(true);
+            };
+            tokio::join!(lifecycle.run(&state, stop, halt), claims);
+        }
+    }
+    lifecycle.leave().await;
+    state.send_replace(ConsumerState::Stopped);
 }
 
 /// Why the consuming phase ended.
@@ -143,21 +192,32 @@ enum Interrupt {
 }
 
 impl Lifecycle {
-    async fn run(self, state: watch::Sender<ConsumerState>, mut stop: watch::Receiver<bool>) {
+    /// Declares and heartbeats. `stop` ends declaring; `halt` ends heartbeating (the same
+    /// signal without a claim loop; with one, it comes once the loop has drained).
+    async fn run(
+        &self,
+        state: &watch::Sender<ConsumerState>,
+        mut stop: watch::Receiver<bool>,
+        mut halt: watch::Receiver<bool>,
+    ) {
         let mut first_declared_at = None;
         loop {
             if self
-                .declare(&state, &mut stop, &mut first_declared_at)
+                .declare(state, &mut stop, &mut first_declared_at)
                 .await
                 .is_none()
             {
                 break;
             }
-            match self.consume_phase(&state, &mut stop).await {
+            match self.consume_phase(state, &mut halt).await {
                 Interrupt::Stop => break,
                 Interrupt::Redeclare => first_declared_at = None,
             }
         }
+    }
+
+    /// Removes this instance's heartbeat row, so the group stops counting it as live.
+    async fn leave(&self) {
         let group = self.registration.group.as_str();
         match self.store.leave(group, self.declarer.as_str()).await {
             Ok(_) => info!("left the group's live instances"),
@@ -165,7 +225,6 @@ impl Lifecycle {
                 warn!(error = %e, "could not remove the heartbeat row; it lapses after the TTL")
             }
         }
-        state.send_replace(ConsumerState::Stopped);
     }
 
     /// Attempts until joined or installed (`Some`), or stopped (`None`).
@@ -177,6 +236,9 @@ impl Lifecycle {
     ) -> Option<()> {
         let mut attempts = 0u64;
         loop {
+            if *stop.borrow() {
+                return None;
+            }
             attempts += 1;
             let outcome = attempt(
                 &self.store,

@@ -2,6 +2,7 @@
 
 use wharf_domain::{DeclarationError, ValidationError};
 use wharf_projections::ProjectionError;
+use wharf_queue::QueueError;
 use wharf_store::StoreError;
 
 /// Anything the embedded library can fail with.
@@ -19,7 +20,20 @@ pub enum WharfError {
     /// A read failed.
     #[error(transparent)]
     Projection(#[from] ProjectionError),
+    /// The message log failed (publishing, claiming, settling or retention).
+    #[error(transparent)]
+    Queue(QueueError),
     /// The configuration is unusable; names the key.
     #[error("configuration: {0}")]
     Config(String),
+}
+
+impl From<QueueError> for WharfError {
+    /// Refused input stays [`WharfError::Invalid`], whichever layer refused it.
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::Invalid(invalid) => Self::Invalid(invalid),
+            other => Self::Queue(other),
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! Wharf as an embeddable library: declare a consumer group's binding set, wait visibly while a
-//! live incumbent declares a different one, and read the ledger's projections.
+//! live incumbent declares a different one, publish to the message log, handle the messages
+//! the group's set routes to it, and read the ledger's projections.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), wharf::WharfError> {
@@ -13,6 +14,32 @@
 //! # Ok(()) }
 //! ```
 //!
+//! With a handler, the consumer also claims and handles messages while its declaration is in
+//! effect, acking what succeeds and nacking what fails:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), wharf::WharfError> {
+//! use wharf::handler::handler_fn;
+//! use wharf::queue::{Claimed, Headers};
+//! use wharf::{Config, Registration, Wharf};
+//!
+//! let wharf = Wharf::open(&Config::default()).await?;
+//! let registration = Registration::new("billing", "orders", "2.4.1", &["orders/+/paid"])?;
+//! let consumer = wharf.consume_with(
+//!     registration,
+//!     handler_fn(|message: Claimed| async move {
+//!         println!("{} at {}", message.subject, message.position);
+//!         Ok(())
+//!     }),
+//! );
+//! wharf
+//!     .publish("orders", vec![("orders/eu/paid".into(), b"{}".to_vec(), Headers::new())])
+//!     .await?;
+//! // ... on SIGTERM: stop claiming, drain running handlers, leave.
+//! consumer.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
 //! Architecture invariant: this crate is the composition root. It wires the store, the
 //! projections and the domain together and owns every clock and timer; the decision itself
 //! stays in `wharf-domain`.
@@ -22,25 +49,36 @@ pub mod consumer;
 pub mod declare;
 pub mod declarer;
 pub mod error;
+pub mod handler;
+mod runtime;
 
-use wharf_domain::{DeclarerId, RegisterOutcome};
+use std::sync::Arc;
+
+use wharf_domain::{DeclarerId, RegisterOutcome, TopicName};
 use wharf_projections::ReadModel;
+use wharf_queue::{Headers, Queue, RetentionReport};
 use wharf_store::{PgSettings, PgStore, SqliteStore, Store, StoreLocation};
 
 pub use config::Config;
 pub use consumer::{Consumer, ConsumerState};
 pub use declare::Registration;
 pub use error::WharfError;
+pub use handler::{handler_fn, Handler, HandlerError};
+pub use runtime::ConsumerStats;
 pub use wharf_domain as domain;
 pub use wharf_projections as projections;
+pub use wharf_queue as queue;
 pub use wharf_store as store;
 
-/// An open Wharf: a store with its projections, and this process's declarer identity.
+/// An open Wharf: a store with its projections and message log, and this process's declarer
+/// identity.
 #[derive(Clone)]
 pub struct Wharf {
     store: Store,
     read: ReadModel,
+    queue: Queue,
     settings: config::DeclarationConfig,
+    queue_config: config::QueueConfig,
     declarer: DeclarerId,
 }
 
@@ -60,10 +98,13 @@ impl Wharf {
     /// Wraps an already-open, migrated store.
     pub fn with_store(store: Store, config: &Config) -> Self {
         let read = ReadModel::new(store.clone(), config.declarations.instance_ttl);
+        let queue = Queue::new(store.clone(), config.queue.settings());
         Self {
             store,
             read,
+            queue,
             settings: config.declarations.clone(),
+            queue_config: config.queue.clone(),
             declarer: declarer::process_declarer(),
         }
     }
@@ -89,6 +130,41 @@ impl Wharf {
     /// The read model: listing, audit, rebuild, prune.
     pub fn read_model(&self) -> &ReadModel {
         &self.read
+    }
+
+    /// The message log with the configured claim settings: publish, fetch, ack, dead letters,
+    /// statistics.
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Publishes a batch of `(subject, payload, headers)` to `topic` in one transaction, durable
+    /// on return; returns the messages' positions in the topic. The whole batch is validated
+    /// first: a bad message is named by its index (`messages[2].subject`) and nothing is
+    /// written.
+    #[tracing::instrument(skip_all, fields(topic = %topic, count = messages.len()))]
+    pub async fn publish(
+        &self,
+        topic: &str,
+        messages: Vec<(String, Vec<u8>, Headers)>,
+    ) -> Result<Vec<i64>, WharfError> {
+        let topic = TopicName::parse("topic", topic)?;
+        let messages = wharf_queue::validate_batch(messages)?;
+        Ok(self.queue.publish(&topic, &messages).await?)
+    }
+
+    /// One retention pass over the message log with the configured `queue.retention` and
+    /// `queue.retention_batch`: deletes what every group is done with, and what aged out and
+    /// no live group needs.
+    pub async fn retain_messages(&self) -> Result<RetentionReport, WharfError> {
+        Ok(self
+            .queue
+            .retain(
+                self.queue_config.retention,
+                self.settings.instance_ttl,
+                self.queue_config.retention_batch,
+            )
+            .await?)
     }
 
     /// Attempts the declaration once and returns the outcome: joined, installed, or waiting
@@ -124,14 +200,38 @@ impl Wharf {
 
     /// Starts a consumer: it re-attempts the declaration every `retry_interval` until it joins
     /// or installs, then heartbeats. Not ready while waiting. No timeout.
+    ///
+    /// This consumer only declares and heartbeats; see [`Wharf::consume_with`] to also handle
+    /// messages.
     pub fn consume(&self, registration: Registration) -> Consumer {
-        consumer::start(consumer::Lifecycle {
+        consumer::start(self.lifecycle(registration), None)
+    }
+
+    /// Starts a consumer like [`Wharf::consume`] that also handles the group's messages while
+    /// its declaration is in effect (never while it waits): it claims up to
+    /// `queue.concurrency` messages at a time, runs `handler` on each, acks on success and
+    /// nacks with the error on failure or panic. [`Consumer::shutdown`] stops claiming, drains
+    /// running handlers within `queue.drain_timeout`, and then leaves the group.
+    pub fn consume_with(&self, registration: Registration, handler: impl Handler) -> Consumer {
+        let runtime = runtime::Runtime {
+            queue: self.queue.clone(),
+            group: registration.group.clone(),
+            instance: self.declarer.to_string(),
+            handler: Arc::new(handler),
+            config: self.queue_config.clone(),
+            counters: Arc::default(),
+        };
+        consumer::start(self.lifecycle(registration), Some(runtime))
+    }
+
+    fn lifecycle(&self, registration: Registration) -> consumer::Lifecycle {
+        consumer::Lifecycle {
             store: self.store.clone(),
             read: self.read.clone(),
             declarer: self.declarer.clone(),
             registration,
             settings: self.settings.clone(),
-        })
+        }
     }
 }
 

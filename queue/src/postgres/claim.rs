@@ -101,8 +101,8 @@ async fn bury(
            RETURNING group_name, topic, position, attempts, last_error) \
          INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
            published_at, attempts, last_error) \
-         SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, \
-           m.published_at, d.attempts, d.last_error \
+         SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, m.published_at, \
+           d.attempts, COALESCE(d.last_error, 'claims expired without an ack or a nack') \
          FROM dead d JOIN message m ON m.topic = d.topic AND m.position = d.position \
          ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
            last_error = excluded.last_error, dead_at = clock_timestamp()",

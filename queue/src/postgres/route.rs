@@ -28,7 +28,7 @@ pub(crate) async fn route(
     .fetch_optional(&mut *tx)
     .await?;
     let Some((topic, routed)) = cursor else {
-        return busy_or_unknown(store, group).await;
+        return busy_or_unknown(&mut tx, group).await;
     };
     let set: Vec<(i64, Option<String>)> = sqlx::query_as(
         "SELECT e.position, b.pattern FROM effective_declaration e \
@@ -88,12 +88,16 @@ pub(crate) async fn route(
     })
 }
 
-/// The group row was not returned: either someone else holds it, or it does not exist.
-async fn busy_or_unknown(store: &PgStore, group: &GroupName) -> Result<RouteReport, QueueError> {
+/// The group row was not returned: either someone else holds it, or it does not exist. Asked on
+/// the routing transaction's own connection, so a router never holds two.
+async fn busy_or_unknown(
+    conn: &mut sqlx::PgConnection,
+    group: &GroupName,
+) -> Result<RouteReport, QueueError> {
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM consumer_group WHERE group_name = $1)")
             .bind(group.as_str())
-            .fetch_one(store.pool())
+            .fetch_one(conn)
             .await?;
     if exists {
         Ok(RouteReport {

@@ -22,6 +22,9 @@ pub(crate) async fn claim(
     max: i64,
 ) -> Result<Vec<Claimed>, QueueError> {
     let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
+    if !anything_claimable(store, &group).await? {
+        return Ok(Vec::new());
+    }
     let token: i64 = rand::random();
     Ok(store
         .write(move |ctx| {
@@ -96,6 +99,22 @@ pub(crate) async fn claim(
         .await?)
 }
 
+/// A reader-side look before taking the single writer: an idle consumer's poll then costs no
+/// write transaction. (A message that turns visible a moment later is claimed next poll.)
+async fn anything_claimable(store: &SqliteStore, group: &GroupName) -> Result<bool, QueueError> {
+    let group = group.clone();
+    let now = chrono::Utc::now().timestamp_micros();
+    Ok(store
+        .read(move |conn| {
+            Ok(conn.query_row(
+                "SELECT EXISTS (SELECT 1 FROM delivery WHERE group_name = ?1 AND visible_at <= ?2)",
+                params![group.as_str(), now],
+                |row| row.get(0),
+            )?)
+        })
+        .await?)
+}
+
 /// Moves one claimed delivery to the dead letters with a full copy of its message.
 fn bury(
     tx: &Transaction<'_>,
@@ -108,7 +127,8 @@ fn bury(
         "INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
            published_at, attempts, last_error, dead_at) \
          SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, \
-           m.published_at, d.attempts, d.last_error, ?4 \
+           m.published_at, d.attempts, \
+           COALESCE(d.last_error, 'claims expired without an ack or a nack'), ?4 \
          FROM delivery d JOIN message m ON m.topic = d.topic AND m.position = d.position \
          WHERE d.group_name = ?1 AND d.position = ?2 AND d.claim_token = ?3 \
          ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \

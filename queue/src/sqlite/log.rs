@@ -62,6 +62,12 @@ pub(crate) async fn route(
     group: &GroupName,
     batch: i64,
 ) -> Result<RouteReport, QueueError> {
+    if let Some(position) = caught_up(store, group).await? {
+        return Ok(RouteReport {
+            position,
+            ..RouteReport::default()
+        });
+    }
     let group = group.clone();
     store
         .write(move |ctx| {
@@ -131,6 +137,26 @@ pub(crate) async fn route(
             }))
         })
         .await?
+}
+
+/// The group's cursor when it has routed up to its topic's head: a reader-side look that spares
+/// an idle consumer's poll the single writer. An unknown group is not "caught up", so the write
+/// path reports it.
+async fn caught_up(store: &SqliteStore, group: &GroupName) -> Result<Option<i64>, QueueError> {
+    let group = group.clone();
+    Ok(store
+        .read(move |conn| {
+            let row: Option<(i64, i64)> = conn
+                .query_row(
+                    "SELECT g.routed_position, COALESCE(t.head, 0) FROM consumer_group g \
+                     LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = ?1",
+                    [group.as_str()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()?;
+            Ok(row.and_then(|(routed, head)| (routed >= head).then_some(routed)))
+        })
+        .await?)
 }
 
 /// One retention pass over every topic (see the Postgres twin for the rules).

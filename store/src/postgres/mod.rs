@@ -170,13 +170,15 @@ impl PgStore {
             .await?)
     }
 
-    /// Creates the schema named in `settings` if it does not exist (tests and first start).
+    /// Dials the server once, directly, and creates the schema named in `settings` if it does
+    /// not exist. Start-up calls this so an unreachable server fails at once with the dial
+    /// error, instead of after the pool's acquire timeout.
     pub async fn create_schema(settings: &PgSettings) -> Result<(), StoreError> {
+        let mut conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
         let Some(schema) = &settings.schema else {
             return Ok(());
         };
         check_schema_name(schema)?;
-        let mut conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
         conn.execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
             .await?;
         Ok(())

@@ -1,0 +1,304 @@
+//! The claim loop of a consumer that handles messages.
+//!
+//! It runs beside the declaration lifecycle and claims only while the lifecycle reports
+//! `Consuming`: a waiting, stalled or re-declaring instance claims nothing (handlers already
+//! running finish normally). Each fetch asks for as many messages as there are free handler
+//! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all); each message runs
+//! in its own task under a `message{group,topic,position,attempts}` span and is acked when its
+//! handler succeeds, or nacked with the error text when it fails or panics.
+//!
+//! On shutdown the loop stops claiming and waits up to `queue.drain_timeout` for the running
+//! handlers, then aborts the rest: their claims expire after the visibility timeout and the
+//! messages are redelivered. Delivery is at least once throughout; an ack that finds its claim
+//! taken over is logged at warn, since that message may be handled twice.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinError, JoinSet};
+use tracing::{debug, error, info, warn, Instrument};
+use wharf_domain::GroupName;
+use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue};
+
+use crate::config::QueueConfig;
+use crate::consumer::ConsumerState;
+use crate::handler::Handler;
+
+/// A snapshot of what a consumer's handlers have done so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConsumerStats {
+    /// Messages whose handler succeeded (counted once the ack was attempted).
+    pub handled_ok: u64,
+    /// Messages whose handler failed or panicked (counted once the nack was attempted).
+    pub handled_err: u64,
+    /// Acks and nacks that found the claim expired and taken over by another claim.
+    pub claims_lost: u64,
+    /// Handlers running now.
+    pub in_flight: u64,
+}
+
+/// The live counters behind [`ConsumerStats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    handled_ok: AtomicU64,
+    handled_err: AtomicU64,
+    claims_lost: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> ConsumerStats {
+        ConsumerStats {
+            handled_ok: self.handled_ok.load(Ordering::Relaxed),
+            handled_err: self.handled_err.load(Ordering::Relaxed),
+            claims_lost: self.claims_lost.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A handler slot held by one running message: frees the slot and the in-flight count when the
+/// message's task ends, however it ends (an abort included).
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    counters: Arc<Counters>,
+}
+
+impl Slot {
+    fn take(permit: OwnedSemaphorePermit, counters: Arc<Counters>) -> Self {
+        Counters::bump(&counters.in_flight);
+        Self {
+            _permit: permit,
+            counters,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Everything the claim loop needs.
+pub(crate) struct Runtime {
+    pub queue: Queue,
+    pub group: GroupName,
+    pub instance: String,
+    pub handler: Arc<dyn Handler>,
+    pub config: QueueConfig,
+    pub counters: Arc<Counters>,
+}
+
+impl Runtime {
+    /// Claims and handles messages while `state` is `Consuming`, until `stop`; then drains.
+    pub(crate) async fn run(
+        self,
+        mut state: watch::Receiver<ConsumerState>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let concurrency = usize::try_from(self.config.concurrency).unwrap_or(usize::MAX);
+        let slots = Arc::new(Semaphore::new(concurrency.clamp(1, Semaphore::MAX_PERMITS)));
+        let claim_batch = usize::try_from(self.config.claim_batch.max(1)).unwrap_or(usize::MAX);
+        let mut tasks = JoinSet::new();
+        loop {
+            while let Some(ended) = tasks.try_join_next() {
+                log_task_end(ended);
+            }
+            if stopping(&stop) {
+                break;
+            }
+            if !state.borrow_and_update().is_ready() {
+                interruptible(std::future::pending::<()>(), &mut stop, &mut state).await;
+                continue;
+            }
+            let Some(Ok(first)) =
+                interruptible(slots.clone().acquire_owned(), &mut stop, &mut state).await
+            else {
+                continue;
+            };
+            let mut permits = vec![first];
+            while permits.len() < claim_batch {
+                match slots.clone().try_acquire_owned() {
+                    Ok(permit) => permits.push(permit),
+                    Err(_) => break,
+                }
+            }
+            let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
+            match self.queue.fetch(&self.group, &self.instance, wanted).await {
+                Ok(messages) if !messages.is_empty() => {
+                    debug!(claimed = messages.len(), wanted, "claimed");
+                    for (message, permit) in messages.into_iter().zip(permits) {
+                        self.spawn(&mut tasks, message, permit);
+                    }
+                }
+                Ok(_) => {
+                    drop(permits);
+                    let idle = tokio::time::sleep(self.config.poll_interval);
+                    interruptible(idle, &mut stop, &mut state).await;
+                }
+                Err(e) => {
+                    drop(permits);
+                    warn!(error = %e, "fetching messages failed; retrying after the poll interval");
+                    let pause = tokio::time::sleep(self.config.poll_interval);
+                    interruptible(pause, &mut stop, &mut state).await;
+                }
+            }
+        }
+        self.drain(&mut tasks).await;
+    }
+
+    /// Runs one claimed message's handler in its own task, holding `permit` until it settles.
+    fn spawn(&self, tasks: &mut JoinSet<()>, message: Claimed, permit: OwnedSemaphorePermit) {
+        let span = tracing::info_span!(
+            "message",
+            group = %message.group,
+            topic = %message.topic,
+            position = message.position,
+            attempts = message.attempts,
+            subject = %message.subject,
+        );
+        let slot = Slot::take(permit, self.counters.clone());
+        let queue = self.queue.clone();
+        let handler = self.handler.clone();
+        let counters = self.counters.clone();
+        tasks.spawn(
+            async move {
+                let _slot = slot;
+                process(&queue, handler.as_ref(), &counters, message).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Waits up to the drain timeout for running handlers, then aborts what is left.
+    async fn drain(&self, tasks: &mut JoinSet<()>) {
+        if tasks.is_empty() {
+            return;
+        }
+        let deadline = self.config.drain_timeout;
+        info!(
+            in_flight = tasks.len(),
+            deadline = %humantime::format_duration(deadline),
+            "stopped claiming; draining running handlers"
+        );
+        let all_done = async {
+            while let Some(ended) = tasks.join_next().await {
+                log_task_end(ended);
+            }
+        };
+        if tokio::time::timeout(deadline, all_done).await.is_err() {
+            warn!(
+                aborted = tasks.len(),
+                "drain deadline passed; aborting the handlers still running. Their claims \
+                 expire after the visibility timeout and the messages are redelivered"
+            );
+            tasks.shutdown().await;
+        } else {
+            info!("drained");
+        }
+    }
+}
+
+/// Runs the handler on one message and settles it: ack on success, nack on failure or panic.
+async fn process(queue: &Queue, handler: &dyn Handler, counters: &Counters, message: Claimed) {
+    let outcome = AssertUnwindSafe(handler.handle(&message))
+        .catch_unwind()
+        .await;
+    let failure = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(panic) => Some(format!("handler panicked: {}", panic_text(panic.as_ref()))),
+    };
+    let Some(reason) = failure else {
+        match queue.ack(&message).await {
+            Ok(AckOutcome::Acked) => debug!("handled and acked"),
+            Ok(AckOutcome::ClaimLost) => {
+                Counters::bump(&counters.claims_lost);
+                warn!(
+                    "handled, but the claim had expired and was taken over before the ack; \
+                     the message may be handled twice (delivery is at least once)"
+                );
+            }
+            Err(e) => error!(
+                error = %e,
+                "handled, but the ack failed; the message is redelivered after the visibility timeout"
+            ),
+        }
+        Counters::bump(&counters.handled_ok);
+        return;
+    };
+    match queue.nack(&message, &reason).await {
+        Ok(NackOutcome::Retrying { visible_at }) => {
+            warn!(error = %reason, %visible_at, "handler failed; the message will be retried")
+        }
+        Ok(NackOutcome::DeadLettered) => error!(
+            error = %reason,
+            "handler failed on the last attempt; the message moved to the group's dead letters"
+        ),
+        Ok(NackOutcome::ClaimLost) => {
+            Counters::bump(&counters.claims_lost);
+            warn!(error = %reason, "handler failed, and the claim had already been taken over");
+        }
+        Err(e) => error!(
+            error = %e,
+            handler_error = %reason,
+            "handler failed and the nack failed too; the message is redelivered after the visibility timeout"
+        ),
+    }
+    Counters::bump(&counters.handled_err);
+}
+
+/// Awaits `work` unless stop is requested or the lifecycle state changes first (`None`).
+async fn interruptible<F: Future>(
+    work: F,
+    stop: &mut watch::Receiver<bool>,
+    state: &mut watch::Receiver<ConsumerState>,
+) -> Option<F::Output> {
+    if stopping(stop) {
+        return None;
+    }
+    tokio::select! {
+        output = work => Some(output),
+        _ = stop.changed() => None,
+        changed = state.changed() => {
+            if changed.is_err() {
+                // The lifecycle is gone; only a stop can end this wait now.
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            }
+            None
+        }
+    }
+}
+
+/// True once stop was requested, or the handle that could request it is gone.
+fn stopping(stop: &watch::Receiver<bool>) -> bool {
+    *stop.borrow() || stop.has_changed().is_err()
+}
+
+fn log_task_end(ended: Result<(), JoinError>) {
+    if let Err(e) = ended {
+        if e.is_panic() {
+            error!(error = %e, "a message task panicked outside its handler");
+        }
+    }
+}
+
+fn panic_text(payload: &(dyn Any + Send)) -> &str {
+    if let Some(text) = payload.downcast_ref::<&'static str>() {
+        text
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text
+    } else {
+        "a panic without a message"
+    }
+}
