@@ -389,6 +389,7 @@ async fn help_lists_the_commands_and_verbose_is_accepted() {
         "prune",
         "audit",
         "groups",
+        "dead-letters",
         "config",
     ] {
         assert!(
@@ -1061,6 +1062,99 @@ async fn prune_deletes_only_superseded_waiting_attempts(backend: Backend) {
 }
 
 on_both_backends!(prune_deletes_only_superseded_waiting_attempts);
+
+/// A message a group gave up on is listed, replayed once (a second replay fails, naming the
+/// position), and `prune` then runs message log retention too.
+async fn dead_letters_list_replay_and_retention(backend: Backend) {
+    use wharf::queue::{Headers, NackOutcome, Queue, QueueSettings};
+    let Some(store) = seeded(backend).await else {
+        return;
+    };
+    let wharf = store.wharf().await;
+    wharf
+        .publish(
+            "orders",
+            vec![(
+                "orders/eu/paid".to_owned(),
+                b"boom".to_vec(),
+                Headers::new(),
+            )],
+        )
+        .await
+        .unwrap();
+    let group = wharf::domain::GroupName::parse("group", "billing").unwrap();
+    let queue = Queue::new(
+        wharf.store().clone(),
+        QueueSettings {
+            max_attempts: 1,
+            ..QueueSettings::default()
+        },
+    );
+    let claimed = queue.fetch(&group, "cli-test", 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let nacked = queue.nack(&claimed[0], "handler exploded").await.unwrap();
+    assert_eq!(nacked, NackOutcome::DeadLettered);
+
+    let listed = store
+        .run(&["dead-letters", "list", "--group", "billing", "--json"])
+        .await
+        .json();
+    let letters = listed.as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{listed}");
+    assert_eq!(letters[0]["subject"], "orders/eu/paid");
+    assert_eq!(letters[0]["last_error"], "handler exploded");
+    let table = store
+        .run(&["dead-letters", "list", "--group", "billing"])
+        .await;
+    assert!(table.success().contains("handler exploded"), "{table}");
+    let position = letters[0]["position"].to_string();
+
+    let replayed = store
+        .run(&[
+            "dead-letters",
+            "replay",
+            "--group",
+            "billing",
+            "--position",
+            &position,
+        ])
+        .await;
+    assert!(replayed.success().contains("replayed"), "{replayed}");
+    let again = store
+        .run(&[
+            "dead-letters",
+            "replay",
+            "--group",
+            "billing",
+            "--position",
+            &position,
+        ])
+        .await;
+    assert!(again.failure().contains(&position), "{again}");
+    let bad = store
+        .run(&["dead-letters", "list", "--group", "bil ling"])
+        .await;
+    assert!(bad.failure().contains("--group"), "{bad}");
+
+    let back = queue.claim(&group, "cli-test", 10).await.unwrap();
+    assert_eq!(back.len(), 1, "the replayed message is claimable again");
+    assert_eq!(back[0].attempts, 1, "with fresh attempts");
+    queue.ack(&back[0]).await.unwrap();
+    // `shipping` reads the same topic and has not routed past the message: it must stay.
+    let kept = store.run(&["prune"]).await;
+    assert!(
+        kept.success().contains("message log: deleted 0 messages"),
+        "{kept}"
+    );
+    let shipping = wharf::domain::GroupName::parse("group", "shipping").unwrap();
+    queue.route(&shipping).await.unwrap();
+    let pruned = store.run(&["prune"]).await;
+    assert!(
+        pruned.success().contains("message log: deleted 1 messages"),
+        "{pruned}"
+    );
+}
+on_both_backends!(dead_letters_list_replay_and_retention);
 
 // ---------------------------------------------------------------------------------------------
 // serve

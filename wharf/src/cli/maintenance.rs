@@ -10,7 +10,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use wharf::projections::{PruneOptions, ReadModel};
 use wharf::store::{Progress, RebuildMode};
-use wharf::Config;
+use wharf::{Config, Wharf};
 
 #[derive(Debug, Args)]
 pub struct RebuildArgs {
@@ -118,12 +118,19 @@ pub async fn prune(config: &Config, args: PruneArgs) -> anyhow::Result<ExitCode>
             report.eligible,
             report.cutoff.to_rfc3339()
         );
-    } else {
-        println!(
-            "deleted {} superseded waiting attempts recorded before {}",
-            report.deleted,
-            report.cutoff.to_rfc3339()
-        );
+        println!("dry run: message log retention skipped");
+        return Ok(ExitCode::SUCCESS);
     }
+    println!(
+        "deleted {} superseded waiting attempts recorded before {}",
+        report.deleted,
+        report.cutoff.to_rfc3339()
+    );
+    let wharf = Wharf::with_store(read.store().clone(), config);
+    let retained = wharf.retain_messages().await?;
+    println!(
+        "message log: deleted {} messages, {} orphaned deliveries",
+        retained.messages, retained.orphaned_deliveries
+    );
     Ok(ExitCode::SUCCESS)
 }

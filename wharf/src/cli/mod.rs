@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch. Each command lives in its own module.
 
 mod audit;
+mod dead_letters;
 mod maintenance;
 mod serve;
 
@@ -45,7 +46,7 @@ pub enum Command {
         #[command(subcommand)]
         command: ProjectionsCommand,
     },
-    /// Trim superseded waiting attempts from the declaration ledger.
+    /// Trim superseded waiting attempts from the ledger, then run message log retention.
     Prune(maintenance::PruneArgs),
     /// Audit queries on the ledger.
     Audit {
@@ -54,6 +55,11 @@ pub enum Command {
     },
     /// List consumer groups with their effective sets, waiters and instances.
     Groups(audit::GroupsArgs),
+    /// Inspect and replay a group's dead letters.
+    DeadLetters {
+        #[command(subcommand)]
+        command: dead_letters::DeadLettersCommand,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -127,6 +133,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             command: AuditCommand::Declarations(args),
         } => audit::declarations(&config, args).await,
         Command::Groups(args) => audit::groups(&config, args).await,
+        Command::DeadLetters { command } => dead_letters::run(&config, command).await,
         Command::Config { .. } => Ok(ExitCode::SUCCESS),
     }
 }

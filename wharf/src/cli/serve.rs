@@ -31,8 +31,8 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     );
     let (stop_tx, stop) = watch::channel(false);
     let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
-    let pruner = tokio::spawn(prune_loop(read.clone(), config.clone(), stop.clone()));
-    let state = wharf_api::ApiState::new(read);
+    let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
+    let state = wharf_api::ApiState::new(read).with_queue(wharf.queue().clone());
     wharf_api::serve(listener, state, shutdown).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(catch_up, pruner);
@@ -52,7 +52,8 @@ async fn catch_up_loop(read: ReadModel, mut stop: watch::Receiver<bool>) {
     }
 }
 
-async fn prune_loop(read: ReadModel, config: Config, mut stop: watch::Receiver<bool>) {
+/// Every `prune.interval`: trims superseded declaration attempts, then runs log retention.
+async fn prune_loop(wharf: Wharf, config: Config, mut stop: watch::Receiver<bool>) {
     if config.prune.interval.is_zero() {
         return;
     }
@@ -66,9 +67,21 @@ async fn prune_loop(read: ReadModel, config: Config, mut stop: watch::Receiver<b
             dry_run: false,
             batch: config.prune.batch,
         };
-        match read.prune(options).await {
-            Ok(report) => info!(deleted = report.deleted, cutoff = %report.cutoff, "pruned"),
+        match wharf.read_model().prune(options).await {
+            Ok(report) => {
+                info!(deleted = report.deleted, cutoff = %report.cutoff, "pruned declaration attempts")
+            }
             Err(e) => error!(error = %e, "prune failed; next run at the next interval"),
+        }
+        match wharf.retain_messages().await {
+            Ok(report) => info!(
+                messages = report.messages,
+                orphaned = report.orphaned_deliveries,
+                "message log retention"
+            ),
+            Err(e) => {
+                error!(error = %e, "message log retention failed; next run at the next interval")
+            }
         }
     }
 }
