@@ -77,6 +77,12 @@ impl Queue {
             )
             .into());
         }
+        for (i, message) in messages.iter().enumerate() {
+            message.check().map_err(|e| wharf_domain::ValidationError {
+                field: format!("messages[{i}].{}", e.field),
+                ..e
+            })?;
+        }
         match &self.store {
             Store::Sqlite(s) => sqlite::publish(s, topic, messages.to_vec()).await,
             Store::Postgres(s) => postgres::publish(s, topic, messages).await,

@@ -16,6 +16,18 @@ pub(crate) struct Matchers {
 }
 
 impl Matchers {
+    /// The cached matcher for `group`'s set installed at `generation`, if compiled already.
+    pub(crate) fn cached(&self, group: &GroupName, generation: i64) -> Option<Arc<BindingMatcher>> {
+        let cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache
+            .get(group.as_str())
+            .filter(|(cached, _)| *cached == generation)
+            .map(|(_, matcher)| matcher.clone())
+    }
+
     /// The matcher for `group`'s set installed at `generation`, compiling `patterns` when the
     /// cached one is older.
     pub(crate) fn get(
@@ -24,19 +36,16 @@ impl Matchers {
         generation: i64,
         patterns: impl Iterator<Item = String>,
     ) -> Result<Arc<BindingMatcher>, QueueError> {
-        let mut cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((cached, matcher)) = cache.get(group.as_str()) {
-            if *cached == generation {
-                return Ok(matcher.clone());
-            }
+        if let Some(matcher) = self.cached(group, generation) {
+            return Ok(matcher);
         }
         let patterns: Vec<String> = patterns.collect();
         let set = BindingSet::parse(&patterns).map_err(|e| StoreError::decode(generation, e))?;
         let matcher = Arc::new(BindingMatcher::new(&set));
-        cache.insert(group.to_string(), (generation, matcher.clone()));
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(group.to_string(), (generation, matcher.clone()));
         Ok(matcher)
     }
 }

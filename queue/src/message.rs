@@ -36,23 +36,29 @@ impl OutgoingMessage {
         payload: impl Into<Vec<u8>>,
         headers: Headers,
     ) -> Result<Self, ValidationError> {
-        let subject = Subject::parse("subject", subject)?;
-        let payload = payload.into();
-        if payload.len() > MAX_PAYLOAD_BYTES {
+        let message = Self {
+            subject: Subject::parse("subject", subject)?,
+            payload: payload.into(),
+            headers,
+        };
+        message.check()?;
+        Ok(message)
+    }
+
+    /// Checks the payload size and the headers (the subject is valid by its type). Publishing
+    /// runs this again, so a message built field by field is held to the same rules.
+    pub fn check(&self) -> Result<(), ValidationError> {
+        if self.payload.len() > MAX_PAYLOAD_BYTES {
             return Err(ValidationError::new(
                 "payload",
-                &format!("{} bytes", payload.len()),
+                &format!("{} bytes", self.payload.len()),
                 "a payload may hold at most 8 MiB",
             ));
         }
-        for (name, value) in &headers {
+        for (name, value) in &self.headers {
             check_header(name, value)?;
         }
-        Ok(Self {
-            subject,
-            payload,
-            headers,
-        })
+        Ok(())
     }
 }
 

@@ -15,7 +15,12 @@ async fn publish_route_claim_ack(backend: Backend) {
         .unwrap();
     let queue = Queue::new(store.store.clone(), QueueSettings::default());
     let topic = TopicName::parse("topic", "orders").unwrap();
-    let subjects = ["orders/eu/paid", "orders/eu/refunded", "orders/us/paid", "other"];
+    let subjects = [
+        "orders/eu/paid",
+        "orders/eu/refunded",
+        "orders/us/paid",
+        "other",
+    ];
     let messages: Vec<OutgoingMessage> = subjects
         .iter()
         .map(|s| OutgoingMessage::new(s, s.as_bytes().to_vec(), Headers::new()).unwrap())

@@ -36,16 +36,17 @@ pub(crate) async fn claim(
     max: i64,
 ) -> Result<Vec<Claimed>, QueueError> {
     let token: i64 = rand::random();
-    let mut tx = store.pool().begin().await?;
+    // One autocommit statement: the picked rows are locked SKIP LOCKED inside it, and
+    // `ANY(ARRAY(...))` keeps an index scan even when Postgres switches the prepared statement
+    // to a generic plan.
     let rows: Vec<ClaimRow> = sqlx::query_as(
-        "WITH picked AS ( \
-           SELECT position FROM delivery \
-           WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-           ORDER BY visible_at, position LIMIT $2 FOR UPDATE SKIP LOCKED), \
-         claimed AS ( \
+        "WITH claimed AS ( \
            UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
              visible_at = clock_timestamp() + make_interval(secs => $5) \
-           FROM picked WHERE d.group_name = $1 AND d.position = picked.position \
+           WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
+             SELECT position FROM delivery \
+             WHERE group_name = $1 AND visible_at <= clock_timestamp() \
+             ORDER BY visible_at, position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
            RETURNING d.topic, d.position, d.attempts, d.routed_by) \
          SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \
                 m.published_at \
@@ -57,16 +58,19 @@ pub(crate) async fn claim(
     .bind(instance)
     .bind(token)
     .bind(settings.visibility_timeout.as_secs_f64())
-    .fetch_all(&mut *tx)
+    .fetch_all(store.pool())
     .await?;
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
     let (exhausted, live): (Vec<ClaimRow>, Vec<ClaimRow>) =
         rows.into_iter().partition(|row| row.2 > limit);
     if !exhausted.is_empty() {
+        // These were claimed once more than allowed just now (their earlier claims expired);
+        // the token still fences them, and the dead letter records the claims really handed
+        // out.
         let positions: Vec<i64> = exhausted.iter().map(|row| row.1).collect();
-        bury(&mut tx, group, &positions, token).await?;
+        let mut conn = store.pool().acquire().await?;
+        bury(&mut conn, group, &positions, token, 1).await?;
     }
-    tx.commit().await?;
     Ok(live
         .into_iter()
         .map(
@@ -88,12 +92,14 @@ pub(crate) async fn claim(
         .collect())
 }
 
-/// Moves claimed deliveries to the dead letters, with a full copy of each message.
+/// Moves claimed deliveries to the dead letters, with a full copy of each message; `uncount`
+/// is subtracted from the recorded attempts (1 when the current claim was never handed out).
 async fn bury(
     conn: &mut PgConnection,
     group: &GroupName,
     positions: &[i64],
     token: i64,
+    uncount: i32,
 ) -> Result<u64, QueueError> {
     let moved = sqlx::query(
         "WITH dead AS ( \
@@ -102,7 +108,7 @@ async fn bury(
          INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
            published_at, attempts, last_error) \
          SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, m.published_at, \
-           d.attempts, COALESCE(d.last_error, 'claims expired without an ack or a nack') \
+           d.attempts - $4, COALESCE(d.last_error, 'claims expired without an ack or a nack') \
          FROM dead d JOIN message m ON m.topic = d.topic AND m.position = d.position \
          ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
            last_error = excluded.last_error, dead_at = clock_timestamp()",
@@ -110,6 +116,7 @@ async fn bury(
     .bind(group.as_str())
     .bind(positions)
     .bind(token)
+    .bind(uncount)
     .execute(conn)
     .await?
     .rows_affected();
@@ -164,7 +171,7 @@ pub(crate) async fn nack(
         return Ok(NackOutcome::ClaimLost);
     };
     if i64::from(attempts) >= i64::from(settings.max_attempts) {
-        bury(&mut tx, group, &[position], token).await?;
+        bury(&mut tx, group, &[position], token, 0).await?;
         tx.commit().await?;
         return Ok(NackOutcome::DeadLettered);
     }
@@ -239,6 +246,16 @@ pub(crate) async fn replay_dead_letter(
     position: i64,
 ) -> Result<bool, QueueError> {
     let mut tx = store.pool().begin().await?;
+    let topic: Option<String> =
+        sqlx::query_scalar("SELECT topic FROM dead_letter WHERE group_name = $1 AND position = $2")
+            .bind(group.as_str())
+            .bind(position)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(topic) = topic else {
+        return Ok(false);
+    };
+    super::retention::lock_retention(&mut tx, &topic).await?;
     let restored = sqlx::query(
         "WITH dead AS (DELETE FROM dead_letter WHERE group_name = $1 AND position = $2 RETURNING *), \
          log AS (INSERT INTO message (topic, position, subject, payload, headers, published_at) \

@@ -2,7 +2,7 @@
 
 mod claim;
 mod publish;
-mod retention;
+pub(crate) mod retention;
 mod route;
 mod stats;
 

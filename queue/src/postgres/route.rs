@@ -19,6 +19,23 @@ pub(crate) async fn route(
     group: &GroupName,
     batch: i64,
 ) -> Result<RouteReport, QueueError> {
+    // An unlocked look first: a caught-up group (the idle case) costs one read, not a locked
+    // transaction. A missing group falls through to the locked path, which reports it.
+    let position: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT g.routed_position, COALESCE(t.head, 0) FROM consumer_group g \
+         LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = $1",
+    )
+    .bind(group.as_str())
+    .fetch_optional(store.pool())
+    .await?;
+    if let Some((routed, head)) = position {
+        if routed >= head {
+            return Ok(RouteReport {
+                position: routed,
+                ..RouteReport::default()
+            });
+        }
+    }
     let mut tx = store.pool().begin().await?;
     let cursor: Option<(String, i64)> = sqlx::query_as(
         "SELECT topic, routed_position FROM consumer_group WHERE group_name = $1 \
@@ -30,17 +47,27 @@ pub(crate) async fn route(
     let Some((topic, routed)) = cursor else {
         return busy_or_unknown(&mut tx, group).await;
     };
-    let set: Vec<(i64, Option<String>)> = sqlx::query_as(
-        "SELECT e.position, b.pattern FROM effective_declaration e \
-         LEFT JOIN binding b ON b.group_name = e.group_name WHERE e.group_name = $1",
-    )
-    .bind(group.as_str())
-    .fetch_all(&mut *tx)
-    .await?;
-    let Some(&(generation, _)) = set.first() else {
+    let generation: Option<i64> =
+        sqlx::query_scalar("SELECT position FROM effective_declaration WHERE group_name = $1")
+            .bind(group.as_str())
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(generation) = generation else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
-    let matcher = matchers.get(group, generation, set.into_iter().filter_map(|(_, p)| p))?;
+    // The patterns are read only when this install's set is not compiled yet. Both reads run
+    // under the group row lock, which the swap also takes, so they see the same install.
+    let matcher = match matchers.cached(group, generation) {
+        Some(matcher) => matcher,
+        None => {
+            let patterns: Vec<String> =
+                sqlx::query_scalar("SELECT pattern FROM binding WHERE group_name = $1")
+                    .bind(group.as_str())
+                    .fetch_all(&mut *tx)
+                    .await?;
+            matchers.get(group, generation, patterns.into_iter())?
+        }
+    };
     let slice: Vec<(i64, String)> = sqlx::query_as(
         "SELECT position, subject FROM message WHERE topic = $1 AND position > $2 \
          ORDER BY position LIMIT $3",

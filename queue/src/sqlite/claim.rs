@@ -65,7 +65,9 @@ pub(crate) async fn claim(
             )?;
             for (topic, position, attempts, routed_by) in picked {
                 if attempts > limit {
-                    bury(ctx.tx, &group, position, token, now)?;
+                    // Claimed once more than allowed just now: record the claims really
+                    // handed out.
+                    bury(ctx.tx, &group, position, token, now, 1)?;
                     continue;
                 }
                 let row = read.query_row(params![topic, position], |row| {
@@ -122,18 +124,19 @@ fn bury(
     position: i64,
     token: i64,
     now: i64,
+    uncount: i32,
 ) -> Result<(), wharf_store::StoreError> {
     tx.execute(
         "INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
            published_at, attempts, last_error, dead_at) \
          SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, \
-           m.published_at, d.attempts, \
+           m.published_at, d.attempts - ?5, \
            COALESCE(d.last_error, 'claims expired without an ack or a nack'), ?4 \
          FROM delivery d JOIN message m ON m.topic = d.topic AND m.position = d.position \
          WHERE d.group_name = ?1 AND d.position = ?2 AND d.claim_token = ?3 \
          ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
            last_error = excluded.last_error, dead_at = excluded.dead_at",
-        params![group.as_str(), position, token, now],
+        params![group.as_str(), position, token, now, uncount],
     )?;
     tx.execute(
         "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
@@ -195,7 +198,7 @@ pub(crate) async fn nack(
                 return Ok(NackOutcome::ClaimLost);
             };
             if i64::from(attempts) >= i64::from(settings.max_attempts) {
-                bury(ctx.tx, &group, position, token, now)?;
+                bury(ctx.tx, &group, position, token, now, 0)?;
                 return Ok(NackOutcome::DeadLettered);
             }
             let visible_at = now + micros(settings.backoff(attempts));

@@ -159,65 +159,67 @@ async fn caught_up(store: &SqliteStore, group: &GroupName) -> Result<Option<i64>
         .await?)
 }
 
-/// One retention pass over every topic (see the Postgres twin for the rules).
+/// The lowest position a topic must keep, for every group and for live groups only.
+const FLOORS: &str = "SELECT \
+       MIN(t.head + 1, \
+         COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name), t.head + 1), \
+         COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name), t.head + 1)), \
+       MIN(t.head + 1, \
+         COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name \
+           AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = g.group_name AND w.heartbeat_at > ?2)), t.head + 1), \
+         COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name \
+           AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = d.group_name AND w.heartbeat_at > ?2)), t.head + 1)) \
+     FROM topic t WHERE t.name = ?1";
+
+/// One retention pass over every topic (see the Postgres twin for the rules). Each batch
+/// computes its floors inside its own write transaction, so a replay between batches counts.
 pub(crate) async fn retain(
     store: &SqliteStore,
     retention: Duration,
     instance_ttl: Duration,
     batch: i64,
 ) -> Result<RetentionReport, QueueError> {
-    let floors: Vec<(String, i64, i64)> = store
-        .write(move |ctx| {
-            let now = ctx.now.timestamp_micros();
-            let live_since = now - micros(instance_ttl);
-            let mut stmt = ctx.tx.prepare_cached(
-                "SELECT t.name, \
-                   MIN(t.head + 1, \
-                     COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name), t.head + 1), \
-                     COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name), t.head + 1)), \
-                   MIN(t.head + 1, \
-                     COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name \
-                       AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = g.group_name AND w.heartbeat_at > ?1)), t.head + 1), \
-                     COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name \
-                       AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = d.group_name AND w.heartbeat_at > ?1)), t.head + 1)) \
-                 FROM topic t ORDER BY t.name",
-            )?;
-            let rows = stmt
-                .query_map([live_since], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+    let topics: Vec<String> = store
+        .read(|conn| {
+            let mut stmt = conn.prepare_cached("SELECT name FROM topic ORDER BY name")?;
+            let names = stmt
+                .query_map([], |row| row.get(0))?
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
+            Ok(names)
         })
         .await?;
     let mut report = RetentionReport::default();
-    for (topic, done_floor, live_floor) in floors {
+    for topic in topics {
         loop {
             let topic = topic.clone();
-            let removed = store
+            let (messages, orphans) = store
                 .write(move |ctx| {
-                    let aged = ctx.now.timestamp_micros() - micros(retention);
-                    Ok(ctx.tx.execute(
+                    let now = ctx.now.timestamp_micros();
+                    let (done_floor, live_floor): (i64, i64) = ctx.tx.query_row(
+                        FLOORS,
+                        params![topic, now - micros(instance_ttl)],
+                        |row| Ok((row.get(0)?, row.get(1)?)),
+                    )?;
+                    let messages = ctx.tx.execute(
                         "DELETE FROM message WHERE topic = ?1 AND position IN ( \
                            SELECT position FROM message WHERE topic = ?1 AND (position < ?2 \
                              OR (position < ?3 AND published_at < ?4)) ORDER BY position LIMIT ?5)",
-                        params![topic, done_floor, live_floor, aged, batch],
-                    )?)
+                        params![topic, done_floor, live_floor, now - micros(retention), batch],
+                    )?;
+                    let orphans = ctx.tx.execute(
+                        "DELETE FROM delivery WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
+                         (SELECT 1 FROM message m WHERE m.topic = delivery.topic AND m.position = delivery.position)",
+                        params![topic, live_floor],
+                    )?;
+                    Ok((messages as u64, orphans as u64))
                 })
                 .await?;
-            report.messages += removed as u64;
-            if (removed as i64) < batch {
+            report.messages += messages;
+            report.orphaned_deliveries += orphans;
+            if (messages as i64) < batch {
                 break;
             }
         }
-        let topic = topic.clone();
-        report.orphaned_deliveries += store
-            .write(move |ctx| {
-                Ok(ctx.tx.execute(
-                    "DELETE FROM delivery WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
-                     (SELECT 1 FROM message m WHERE m.topic = delivery.topic AND m.position = delivery.position)",
-                    params![topic, live_floor],
-                )? as u64)
-            })
-            .await?;
     }
     Ok(report)
 }
