@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS delivery (
     last_error  TEXT,
     PRIMARY KEY (group_name, position)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS delivery_claimable ON delivery (group_name, visible_at, position);
+-- Claims walk the primary key in position order, as on Postgres.
 
 CREATE TABLE IF NOT EXISTS dead_letter (
     group_name   TEXT    NOT NULL,

@@ -99,17 +99,13 @@ impl PgProjector for EffectiveBindings {
             return Ok(());
         };
         let group = attempt.group.as_str();
-        sqlx::query("DELETE FROM binding WHERE group_name = $1")
-            .bind(group)
-            .execute(&mut *conn)
-            .await?;
-        sqlx::query("INSERT INTO binding (group_name, pattern) SELECT $1, unnest($2::text[])")
-            .bind(group)
-            .bind(attempt.patterns.patterns())
-            .execute(&mut *conn)
-            .await?;
+        // One statement: drop the rows not in the new set, add the new ones, record the
+        // effective declaration. Readers see all of it at commit, or none of it.
         sqlx::query(
-            "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+            "WITH gone AS (DELETE FROM binding WHERE group_name = $1 AND pattern <> ALL($5::text[])), \
+             added AS (INSERT INTO binding (group_name, pattern) \
+               SELECT $1, unnest($5::text[]) ON CONFLICT DO NOTHING) \
+             INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
              previous, declared_at, attempt_at, position, installs) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1) \
              ON CONFLICT (group_name) DO UPDATE SET topic = excluded.topic, \

@@ -42,6 +42,9 @@ pub struct Queue {
 /// stretch of the log cannot delay a claim without bound.
 const MAX_ROUTE_STEPS_PER_FETCH: usize = 8;
 
+/// How many times one `claim` call claims again after burying exhausted messages.
+const MAX_CLAIM_ROUNDS: usize = 4;
+
 impl Queue {
     /// A queue over `store` with `settings`.
     pub fn new(store: Store, settings: QueueSettings) -> Self {
@@ -108,7 +111,9 @@ impl Queue {
         }
     }
 
-    /// Claims up to `max` claimable messages without routing first.
+    /// Claims up to `max` claimable messages without routing first. Messages that used their
+    /// attempts while their claims expired go to the dead letters on the way and do not count
+    /// against `max`.
     pub async fn claim(
         &self,
         group: &GroupName,
@@ -116,10 +121,23 @@ impl Queue {
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
         let max = i64::from(max.max(1));
-        match &self.store {
-            Store::Sqlite(s) => sqlite::claim(s, &self.settings, group, instance, max).await,
-            Store::Postgres(s) => postgres::claim(s, &self.settings, group, instance, max).await,
+        let mut claimed = Vec::new();
+        for _ in 0..MAX_CLAIM_ROUNDS {
+            let wanted = max - claimed.len() as i64;
+            let (mut got, buried) = match &self.store {
+                Store::Sqlite(s) => {
+                    sqlite::claim(s, &self.settings, group, instance, wanted).await?
+                }
+                Store::Postgres(s) => {
+                    postgres::claim(s, &self.settings, group, instance, wanted).await?
+                }
+            };
+            claimed.append(&mut got);
+            if buried == 0 || claimed.len() as i64 >= max {
+                break;
+            }
         }
+        Ok(claimed)
     }
 
     /// Routes what is new for the group (a bounded number of steps), then claims up to `max`.

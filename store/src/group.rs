@@ -24,7 +24,7 @@ pub struct GroupLock {
 }
 
 /// A live instance observed inside the locked transaction.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct LiveInstanceRow {
     /// The instance's declarer identity.
     pub declarer: String,

@@ -931,7 +931,9 @@ async fn group_figures_follow_the_queue(backend: Backend) {
         strict.nack(&doomed[0], "fatal").await.unwrap(),
         NackOutcome::DeadLettered
     );
-    assert_eq!(figures(&stats().await), (0, 2, 0, 1, 1));
+    // Claims go in position order, so the lapsed message comes first: its only attempt was used
+    // by the lapsed claim, so it is buried on the way, and the claim takes the next one.
+    assert_eq!(figures(&stats().await), (0, 1, 0, 1, 2));
 
     // The oldest unacked message keeps ageing until it is settled.
     wait_until("the oldest unacked age grows", DEADLINE, || async {
@@ -939,7 +941,7 @@ async fn group_figures_follow_the_queue(backend: Backend) {
     })
     .await;
     let rest = steady.claim(&g, "i", 10).await.unwrap();
-    assert_eq!(rest.len(), 2);
+    assert_eq!(rest.len(), 1);
     for c in &rest {
         assert_eq!(steady.ack(c).await.unwrap(), AckOutcome::Acked);
     }
@@ -948,6 +950,6 @@ async fn group_figures_follow_the_queue(backend: Backend) {
         "one backing off"
     );
     steady.publish_one(&t, msg("s/7")).await.unwrap();
-    assert_eq!(figures(&stats().await), (1, 0, 0, 1, 1));
+    assert_eq!(figures(&stats().await), (1, 0, 0, 1, 2));
 }
 on_both_backends!(group_figures, group_figures_follow_the_queue);

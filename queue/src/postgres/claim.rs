@@ -27,14 +27,15 @@ type ClaimRow = (
     DateTime<Utc>,
 );
 
-/// Claims up to `max` claimable messages of `group` for `instance`.
+/// Claims up to `max` claimable messages of `group` for `instance`; also returns how many
+/// exhausted messages it moved to the dead letters instead.
 pub(crate) async fn claim(
     store: &PgStore,
     settings: &QueueSettings,
     group: &GroupName,
     instance: &str,
     max: i64,
-) -> Result<Vec<Claimed>, QueueError> {
+) -> Result<(Vec<Claimed>, usize), QueueError> {
     let token: i64 = rand::random();
     // One autocommit statement: the picked rows are locked SKIP LOCKED inside it, and
     // `ANY(ARRAY(...))` keeps an index scan even when Postgres switches the prepared statement
@@ -46,7 +47,7 @@ pub(crate) async fn claim(
            WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
              SELECT position FROM delivery \
              WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-             ORDER BY visible_at, position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+             ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
            RETURNING d.topic, d.position, d.attempts, d.routed_by) \
          SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \
                 m.published_at \
@@ -63,6 +64,7 @@ pub(crate) async fn claim(
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
     let (exhausted, live): (Vec<ClaimRow>, Vec<ClaimRow>) =
         rows.into_iter().partition(|row| row.2 > limit);
+    let buried = exhausted.len();
     if !exhausted.is_empty() {
         // These were claimed once more than allowed just now (their earlier claims expired);
         // the token still fences them, and the dead letter records the claims really handed
@@ -71,7 +73,7 @@ pub(crate) async fn claim(
         let mut conn = store.pool().acquire().await?;
         bury(&mut conn, group, &positions, token, 1).await?;
     }
-    Ok(live
+    let live = live
         .into_iter()
         .map(
             |(topic, position, attempts, routed_by, subject, payload, headers, published_at)| {
@@ -89,7 +91,8 @@ pub(crate) async fn claim(
                 }
             },
         )
-        .collect())
+        .collect();
+    Ok((live, buried))
 }
 
 /// Moves claimed deliveries to the dead letters, with a full copy of each message; `uncount`

@@ -13,17 +13,18 @@ fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Claims up to `max` claimable messages of `group` for `instance`.
+/// Claims up to `max` claimable messages of `group` for `instance`; also returns how many
+/// exhausted messages it moved to the dead letters instead.
 pub(crate) async fn claim(
     store: &SqliteStore,
     settings: &QueueSettings,
     group: &GroupName,
     instance: &str,
     max: i64,
-) -> Result<Vec<Claimed>, QueueError> {
+) -> Result<(Vec<Claimed>, usize), QueueError> {
     let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
     if !anything_claimable(store, &group).await? {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let token: i64 = rand::random();
     Ok(store
@@ -33,7 +34,7 @@ pub(crate) async fn claim(
                 "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
                    visible_at = ?4 + ?5 \
                  WHERE group_name = ?1 AND position IN (SELECT position FROM delivery \
-                   WHERE group_name = ?1 AND visible_at <= ?4 ORDER BY visible_at, position LIMIT ?6) \
+                   WHERE group_name = ?1 AND visible_at <= ?4 ORDER BY position LIMIT ?6) \
                  RETURNING topic, position, attempts, routed_by",
             )?;
             let mut picked = claim
@@ -59,6 +60,7 @@ pub(crate) async fn claim(
             picked.sort_by_key(|row| row.1);
             let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
             let mut claimed = Vec::with_capacity(picked.len());
+            let mut buried = 0usize;
             let mut read = ctx.tx.prepare_cached(
                 "SELECT subject, payload, headers, published_at FROM message \
                  WHERE topic = ?1 AND position = ?2",
@@ -68,6 +70,7 @@ pub(crate) async fn claim(
                     // Claimed once more than allowed just now: record the claims really
                     // handed out.
                     bury(ctx.tx, &group, position, token, now, 1)?;
+                    buried += 1;
                     continue;
                 }
                 let row = read.query_row(params![topic, position], |row| {
@@ -96,7 +99,7 @@ pub(crate) async fn claim(
                     claim_token: token,
                 });
             }
-            Ok(claimed)
+            Ok((claimed, buried))
         })
         .await?)
 }

@@ -2,10 +2,10 @@
 
 use sqlx::PgConnection;
 
-use super::events::{append_in_tx, load_in_tx};
+use super::events::append_in_tx;
 use super::PgStore;
 use crate::error::StoreError;
-use crate::event::{Heartbeat, InstanceRecord};
+use crate::event::{Heartbeat, InstanceRecord, RecordedEvent};
 use crate::group::{GroupDecision, GroupLock, GroupSnapshot, LiveInstanceRow, GROUP_AGGREGATE};
 
 impl PgStore {
@@ -24,16 +24,7 @@ impl PgStore {
     {
         let mut tx = self.pool.begin().await?;
         lock_group(&mut tx, &lock).await?;
-        let events = load_in_tx(&mut tx, GROUP_AGGREGATE, &lock.group).await?;
-        let live_instances = live_instances(&mut tx, &lock).await?;
-        let now = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&mut *tx)
-            .await?;
-        let snapshot = GroupSnapshot {
-            events,
-            live_instances,
-            now,
-        };
+        let snapshot = read_snapshot(&mut tx, &lock).await?;
         let (write, value) = match decide(&snapshot) {
             Ok(decided) => decided,
             Err(e) => {
@@ -126,41 +117,51 @@ type InstanceTuple = (
     chrono::DateTime<chrono::Utc>,
 );
 
+/// Creates the group row if needed and locks it, in one statement: `ON CONFLICT DO UPDATE`
+/// takes the row lock, as `SELECT ... FOR UPDATE` would. A new group's routing cursor starts at
+/// the topic's head: it receives what is published after it is first declared (ADR 0007).
 async fn lock_group(conn: &mut PgConnection, lock: &GroupLock) -> Result<(), StoreError> {
-    // A new group's routing cursor starts at the topic's head: it receives what is published
-    // after it is first declared (ADR 0007).
     sqlx::query(
         "INSERT INTO consumer_group (group_name, topic, routed_position) \
          VALUES ($1, $2, COALESCE((SELECT head FROM topic WHERE name = $2), 0)) \
-         ON CONFLICT DO NOTHING",
+         ON CONFLICT (group_name) DO UPDATE SET topic = consumer_group.topic",
     )
     .bind(&lock.group)
     .bind(&lock.topic)
-    .execute(&mut *conn)
+    .execute(conn)
     .await?;
-    sqlx::query("SELECT 1 FROM consumer_group WHERE group_name = $1 FOR UPDATE")
-        .bind(&lock.group)
-        .execute(conn)
-        .await?;
     Ok(())
 }
 
-async fn live_instances(
+/// What the decision needs, read in one round trip after the lock: the store's time, the live
+/// instances and the group's events.
+async fn read_snapshot(
     conn: &mut PgConnection,
     lock: &GroupLock,
-) -> Result<Vec<LiveInstanceRow>, StoreError> {
-    let rows: Vec<(String, Vec<String>)> = sqlx::query_as(
-        "SELECT declarer, patterns FROM worker_instance WHERE group_name = $1 \
-         AND heartbeat_at > clock_timestamp() - make_interval(secs => $2) ORDER BY declarer",
-    )
-    .bind(&lock.group)
-    .bind(lock.instance_ttl.as_secs_f64())
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(declarer, patterns)| LiveInstanceRow { declarer, patterns })
-        .collect())
+) -> Result<GroupSnapshot, StoreError> {
+    let (now, live, events): (chrono::DateTime<chrono::Utc>, sqlx::types::Json<Vec<LiveInstanceRow>>, sqlx::types::Json<Vec<RecordedEvent>>) =
+        sqlx::query_as(
+            "SELECT clock_timestamp(), \
+               COALESCE((SELECT json_agg(json_build_object('declarer', declarer, 'patterns', patterns) \
+                   ORDER BY declarer) FROM worker_instance WHERE group_name = $1 \
+                   AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)), '[]'::json), \
+               COALESCE((SELECT json_agg(json_build_object('position', position, \
+                   'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
+                   'sequence', sequence, 'event_type', event_type, \
+                   'event_version', event_version, 'payload', payload, 'metadata', metadata, \
+                   'recorded_at', recorded_at) ORDER BY sequence) \
+                 FROM events WHERE aggregate_type = $3 AND aggregate_id = $1), '[]'::json)",
+        )
+        .bind(&lock.group)
+        .bind(lock.instance_ttl.as_secs_f64())
+        .bind(GROUP_AGGREGATE)
+        .fetch_one(conn)
+        .await?;
+    Ok(GroupSnapshot {
+        events: events.0,
+        live_instances: live.0,
+        now,
+    })
 }
 
 async fn upsert_instance(
