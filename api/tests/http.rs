@@ -202,6 +202,7 @@ async fn register(
         group: group.to_owned(),
         topic: topic.to_owned(),
         instance_ttl: TTL,
+        after_sequence: 0,
     };
     let decide_in_lock = move |snapshot: &GroupSnapshot| -> GroupDecision<RegisterOutcome, String> {
         let mut state = ConsumerGroup::default();

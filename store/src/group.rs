@@ -21,6 +21,9 @@ pub struct GroupLock {
     pub topic: String,
     /// How old a heartbeat may be, by the store's clock, for its instance to count as live.
     pub instance_ttl: std::time::Duration,
+    /// Load only events with a greater sequence: the caller already holds the group's state
+    /// up to this sequence (0 loads everything).
+    pub after_sequence: i64,
 }
 
 /// A live instance observed inside the locked transaction.
@@ -35,8 +38,13 @@ pub struct LiveInstanceRow {
 /// What the decision sees: the group's events, its live instances and the store's time.
 #[derive(Debug, Clone)]
 pub struct GroupSnapshot {
-    /// The group's events in sequence order.
+    /// The group's events after [`GroupLock::after_sequence`], in sequence order.
     pub events: Vec<RecordedEvent>,
+    /// The sequence the load started after.
+    pub after_sequence: i64,
+    /// The group's newest sequence in the ledger (0 when none). Below `after_sequence` means
+    /// the caller's state is from another ledger (say, before a restore) and must be dropped.
+    pub stream_head: i64,
     /// Instances with a heartbeat fresher than the TTL.
     pub live_instances: Vec<LiveInstanceRow>,
     /// The store's time for this transaction.
@@ -46,7 +54,9 @@ pub struct GroupSnapshot {
 impl GroupSnapshot {
     /// The sequence of the group's newest event (0 when none).
     pub fn last_sequence(&self) -> i64 {
-        self.events.last().map_or(0, |e| e.sequence)
+        self.events
+            .last()
+            .map_or(self.after_sequence.max(0), |e| e.sequence)
     }
 }
 

@@ -375,3 +375,54 @@ async fn graceful_shutdown_leaves_at_once(backend: Backend) {
     assert!(wharf.store().instances(None).await.unwrap().is_empty());
 }
 on_both_backends!(graceful_shutdown, graceful_shutdown_leaves_at_once);
+
+async fn the_state_cache_follows_other_writers_and_a_restored_ledger(backend: Backend) {
+    let store = TestStore::new(backend).await;
+    // Two Wharf handles on one store: separate processes with separate caches.
+    let (one, two) = (store.wharf(), store.wharf());
+    let a = as_declarer(&one, "a");
+    let b = as_declarer(&two, "b");
+    a.register(&registration("1", &["x/#"])).await.unwrap();
+    // b installs behind a's back; a's cached state must learn it from the newer events.
+    b.register(&registration("2", &["y/#"])).await.unwrap();
+    let joined = a.register(&registration("1", &["y/#"])).await.unwrap();
+    assert!(
+        matches!(joined, RegisterOutcome::Joined { .. }),
+        "{joined:?}"
+    );
+    // The ledger moves backwards (a restore): a's cache is ahead of it and must be dropped.
+    wipe_group_ledger(&store).await;
+    let fresh = a.register(&registration("1", &["z/#"])).await.unwrap();
+    assert!(
+        matches!(fresh, RegisterOutcome::Installed { previous: None, .. }),
+        "after the restore the group has no declaration: {fresh:?}"
+    );
+    assert_eq!(ledger(&a).await.len(), 1);
+}
+on_both_backends!(
+    state_cache,
+    the_state_cache_follows_other_writers_and_a_restored_ledger
+);
+
+/// Deletes the group's events and effective rows, as restoring an older backup would.
+async fn wipe_group_ledger(store: &TestStore) {
+    match &store.store {
+        wharf::store::Store::Sqlite(s) => s
+            .write(|ctx| {
+                ctx.tx.execute_batch(
+                    "DELETE FROM events; DELETE FROM binding; DELETE FROM effective_declaration;",
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap(),
+        wharf::store::Store::Postgres(s) => {
+            sqlx::raw_sql(
+                "DELETE FROM events; DELETE FROM binding; DELETE FROM effective_declaration;",
+            )
+            .execute(s.pool())
+            .await
+            .unwrap();
+        }
+    }
+}

@@ -962,6 +962,7 @@ fn lock(group: &str, ttl: Duration) -> GroupLock {
         group: group.to_owned(),
         topic: "orders".to_owned(),
         instance_ttl: ttl,
+        after_sequence: 0,
     }
 }
 

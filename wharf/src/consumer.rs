@@ -24,7 +24,7 @@ use wharf_projections::ReadModel;
 use wharf_store::Store;
 
 use crate::config::DeclarationConfig;
-use crate::declare::{attempt, Registration};
+use crate::declare::{Attempter, GroupStates, Registration};
 use crate::error::WharfError;
 use crate::runtime::{ConsumerStats, Counters, Runtime};
 
@@ -129,6 +129,7 @@ impl Consumer {
 
 /// Everything the lifecycle task needs.
 pub(crate) struct Lifecycle {
+    pub states: GroupStates,
     pub store: Store,
     pub read: ReadModel,
     pub declarer: DeclarerId,
@@ -240,15 +241,15 @@ impl Lifecycle {
                 return None;
             }
             attempts += 1;
-            let outcome = attempt(
-                &self.store,
-                &self.declarer,
-                &self.registration,
-                self.settings.instance_ttl,
-                true,
-                *first_declared_at,
-            )
-            .await;
+            let attempter = Attempter {
+                store: &self.store,
+                states: &self.states,
+                declarer: &self.declarer,
+                instance_ttl: self.settings.instance_ttl,
+            };
+            let outcome = attempter
+                .attempt(&self.registration, true, *first_declared_at)
+                .await;
             match outcome {
                 Ok(RegisterOutcome::Waiting {
                     incumbent,

@@ -3,6 +3,9 @@
 //! Loads the group's events and live instances inside the store's locked transaction, folds
 //! them into the aggregate, decides with the store's time, and hands back what to append.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use chrono::{DateTime, Utc};
 use cqrs_es::Aggregate;
 use wharf_domain::{
@@ -47,72 +50,148 @@ impl Registration {
 enum AttemptError {
     Refused(DeclarationError),
     Corrupt(StoreError),
+    /// The cached state is ahead of the ledger (it was restored or replaced): drop it, reload.
+    Stale,
 }
 
-/// Runs one locked attempt. With `heartbeat`, a joined or installed outcome also records this
-/// instance's heartbeat in the same transaction, so no other declarer can swap the set between
-/// the join and the first heartbeat.
-pub(crate) async fn attempt(
-    store: &Store,
-    declarer: &DeclarerId,
-    registration: &Registration,
-    instance_ttl: std::time::Duration,
-    heartbeat: bool,
-    first_declared_at: Option<DateTime<Utc>>,
-) -> Result<RegisterOutcome, WharfError> {
-    let lock = GroupLock {
-        group: registration.group.to_string(),
-        topic: registration.topic.to_string(),
-        instance_ttl,
-    };
-    let registration = registration.clone();
-    let declarer = declarer.clone();
-    let result = store
-        .execute_group(lock, move |snapshot| {
-            let state = fold(snapshot).map_err(AttemptError::Corrupt)?;
-            let command = Register {
-                group: registration.group.clone(),
-                topic: registration.topic.clone(),
-                declarer: declarer.clone(),
-                version: registration.version.clone(),
-                requested: registration.bindings.clone(),
-                first_declared_at,
-                now: snapshot.now,
-                live_instances: live_instances(snapshot).map_err(AttemptError::Corrupt)?,
-            };
-            let decision = decide(&state, &command).map_err(AttemptError::Refused)?;
-            let metadata = serde_json::json!({
-                "declarer": declarer.as_str(),
-                "wharf_version": env!("CARGO_PKG_VERSION"),
-            });
-            let events = decision
-                .events
-                .iter()
-                .map(|event| NewEvent::from_domain(event, metadata.clone()))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(AttemptError::Corrupt)?;
-            let heartbeat = (heartbeat && decision.outcome.may_consume()).then(|| Heartbeat {
-                declarer: declarer.to_string(),
-                version: registration.version.to_string(),
-                patterns: registration.bindings.patterns(),
-            });
-            Ok((GroupWrite { events, heartbeat }, decision.outcome))
-        })
-        .await?;
-    match result {
-        Ok(outcome) => Ok(outcome),
-        Err(AttemptError::Refused(e)) => Err(e.into()),
-        Err(AttemptError::Corrupt(e)) => Err(e.into()),
+/// Each group's folded state as of a ledger sequence, kept by one `Wharf` (in memory, per
+/// process) so an attempt loads only the events appended since. Pruning never changes a folded
+/// state (ADR 0004), so a cached state stays exact; a ledger that moved backwards is detected and
+/// the state reloaded in full.
+#[derive(Clone, Default)]
+pub(crate) struct GroupStates(Arc<Mutex<HashMap<String, (i64, ConsumerGroup)>>>);
+
+impl GroupStates {
+    fn get(&self, group: &str) -> (i64, ConsumerGroup) {
+        self.lock().get(group).cloned().unwrap_or_default()
+    }
+
+    fn put(&self, group: &str, sequence: i64, state: ConsumerGroup) {
+        let mut states = self.lock();
+        let newer = states.get(group).is_none_or(|(held, _)| *held <= sequence);
+        if newer {
+            states.insert(group.to_owned(), (sequence, state));
+        }
+    }
+
+    fn forget(&self, group: &str) {
+        self.lock().remove(group);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, ConsumerGroup)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-/// Folds the group's stored events into the aggregate.
-fn fold(snapshot: &GroupSnapshot) -> Result<ConsumerGroup, StoreError> {
-    let mut state = ConsumerGroup::default();
+/// Everything one attempt needs besides the registration.
+pub(crate) struct Attempter<'a> {
+    pub store: &'a Store,
+    pub states: &'a GroupStates,
+    pub declarer: &'a DeclarerId,
+    pub instance_ttl: std::time::Duration,
+}
+
+impl Attempter<'_> {
+    /// Runs one locked attempt. With `heartbeat`, a joined or installed outcome also records
+    /// this instance's heartbeat in the same transaction, so no other declarer can swap the set
+    /// between the join and the first heartbeat.
+    pub(crate) async fn attempt(
+        &self,
+        registration: &Registration,
+        heartbeat: bool,
+        first_declared_at: Option<DateTime<Utc>>,
+    ) -> Result<RegisterOutcome, WharfError> {
+        let group = registration.group.as_str();
+        for _ in 0..2 {
+            let (after_sequence, state) = self.states.get(group);
+            let lock = GroupLock {
+                group: group.to_owned(),
+                topic: registration.topic.to_string(),
+                instance_ttl: self.instance_ttl,
+                after_sequence,
+            };
+            let decide = decision(
+                state,
+                registration.clone(),
+                self.declarer.clone(),
+                heartbeat,
+                first_declared_at,
+            );
+            match self.store.execute_group(lock, decide).await? {
+                Ok((outcome, next, sequence)) => {
+                    self.states.put(group, sequence, next);
+                    return Ok(outcome);
+                }
+                Err(AttemptError::Stale) => self.states.forget(group),
+                Err(AttemptError::Refused(e)) => return Err(e.into()),
+                Err(AttemptError::Corrupt(e)) => return Err(e.into()),
+            }
+        }
+        Err(StoreError::decode(0, "the group's ledger changed under the state cache twice").into())
+    }
+}
+
+type Decided = (RegisterOutcome, ConsumerGroup, i64);
+
+/// The pure closure the locked executor runs: fold the new events into the cached state,
+/// decide, and say what to write and what state results.
+fn decision(
+    mut state: ConsumerGroup,
+    registration: Registration,
+    declarer: DeclarerId,
+    heartbeat: bool,
+    first_declared_at: Option<DateTime<Utc>>,
+) -> impl FnOnce(&GroupSnapshot) -> Result<(GroupWrite, Decided), AttemptError> + Send + 'static {
+    move |snapshot| {
+        if snapshot.stream_head < snapshot.after_sequence {
+            return Err(AttemptError::Stale);
+        }
+        fold(&mut state, snapshot).map_err(AttemptError::Corrupt)?;
+        let command = Register {
+            group: registration.group.clone(),
+            topic: registration.topic.clone(),
+            declarer: declarer.clone(),
+            version: registration.version.clone(),
+            requested: registration.bindings.clone(),
+            first_declared_at,
+            now: snapshot.now,
+            live_instances: live_instances(snapshot).map_err(AttemptError::Corrupt)?,
+        };
+        let decision = decide(&state, &command).map_err(AttemptError::Refused)?;
+        let metadata = serde_json::json!({
+            "declarer": declarer.as_str(),
+            "wharf_version": env!("CARGO_PKG_VERSION"),
+        });
+        let events = decision
+            .events
+            .iter()
+            .map(|event| NewEvent::from_domain(event, metadata.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(AttemptError::Corrupt)?;
+        let heartbeat = (heartbeat && decision.outcome.may_consume()).then(|| Heartbeat {
+            declarer: declarer.to_string(),
+            version: registration.version.to_string(),
+            patterns: registration.bindings.patterns(),
+        });
+        let sequence = snapshot.last_sequence() + decision.events.len() as i64;
+        for event in decision.events {
+            state.apply(event);
+        }
+        Ok((
+            GroupWrite { events, heartbeat },
+            (decision.outcome, state, sequence),
+        ))
+    }
+}
+
+/// Folds the snapshot's events into the aggregate.
+fn fold(state: &mut ConsumerGroup, snapshot: &GroupSnapshot) -> Result<(), StoreError> {
     for event in &snapshot.events {
         state.apply(event.decode::<DeclarationEvent>()?);
     }
-    Ok(state)
+    Ok(())
 }
 
 fn live_instances(snapshot: &GroupSnapshot) -> Result<Vec<LiveInstance>, StoreError> {

@@ -80,6 +80,7 @@ pub struct Wharf {
     settings: config::DeclarationConfig,
     queue_config: config::QueueConfig,
     declarer: DeclarerId,
+    states: declare::GroupStates,
 }
 
 impl Wharf {
@@ -106,6 +107,7 @@ impl Wharf {
             settings: config.declarations.clone(),
             queue_config: config.queue.clone(),
             declarer: declarer::process_declarer(),
+            states: declare::GroupStates::default(),
         }
     }
 
@@ -175,15 +177,7 @@ impl Wharf {
         &self,
         registration: &Registration,
     ) -> Result<RegisterOutcome, WharfError> {
-        let outcome = declare::attempt(
-            &self.store,
-            &self.declarer,
-            registration,
-            self.settings.instance_ttl,
-            false,
-            None,
-        )
-        .await?;
+        let outcome = self.attempter().attempt(registration, false, None).await?;
         tracing::info!(?outcome, bindings = %registration.bindings, "register attempted");
         Ok(outcome)
     }
@@ -224,8 +218,18 @@ impl Wharf {
         consumer::start(self.lifecycle(registration), Some(runtime))
     }
 
+    fn attempter(&self) -> declare::Attempter<'_> {
+        declare::Attempter {
+            store: &self.store,
+            states: &self.states,
+            declarer: &self.declarer,
+            instance_ttl: self.settings.instance_ttl,
+        }
+    }
+
     fn lifecycle(&self, registration: Registration) -> consumer::Lifecycle {
         consumer::Lifecycle {
+            states: self.states.clone(),
             store: self.store.clone(),
             read: self.read.clone(),
             declarer: self.declarer.clone(),

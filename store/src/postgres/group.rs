@@ -139,7 +139,13 @@ async fn read_snapshot(
     conn: &mut PgConnection,
     lock: &GroupLock,
 ) -> Result<GroupSnapshot, StoreError> {
-    let (now, live, events): (chrono::DateTime<chrono::Utc>, sqlx::types::Json<Vec<LiveInstanceRow>>, sqlx::types::Json<Vec<RecordedEvent>>) =
+    type Row = (
+        chrono::DateTime<chrono::Utc>,
+        sqlx::types::Json<Vec<LiveInstanceRow>>,
+        sqlx::types::Json<Vec<RecordedEvent>>,
+        i64,
+    );
+    let (now, live, events, stream_head): Row =
         sqlx::query_as(
             "SELECT clock_timestamp(), \
                COALESCE((SELECT json_agg(json_build_object('declarer', declarer, 'patterns', patterns) \
@@ -150,15 +156,21 @@ async fn read_snapshot(
                    'sequence', sequence, 'event_type', event_type, \
                    'event_version', event_version, 'payload', payload, 'metadata', metadata, \
                    'recorded_at', recorded_at) ORDER BY sequence) \
-                 FROM events WHERE aggregate_type = $3 AND aggregate_id = $1), '[]'::json)",
+                 FROM events WHERE aggregate_type = $3 AND aggregate_id = $1 AND sequence > $4), \
+                 '[]'::json), \
+               (SELECT COALESCE(MAX(sequence), 0) FROM events \
+                 WHERE aggregate_type = $3 AND aggregate_id = $1)",
         )
         .bind(&lock.group)
         .bind(lock.instance_ttl.as_secs_f64())
         .bind(GROUP_AGGREGATE)
+        .bind(lock.after_sequence)
         .fetch_one(conn)
         .await?;
     Ok(GroupSnapshot {
         events: events.0,
+        after_sequence: lock.after_sequence,
+        stream_head,
         live_instances: live.0,
         now,
     })

@@ -29,11 +29,22 @@ impl SqliteStore {
                  VALUES (?1, ?2, ?3, COALESCE((SELECT head FROM topic WHERE name = ?2), 0))",
                 params![lock.group, lock.topic, now],
             )?;
-            let events = load_in_tx(tx, GROUP_AGGREGATE, &lock.group)?;
+            let events: Vec<_> = load_in_tx(tx, GROUP_AGGREGATE, &lock.group)?
+                .into_iter()
+                .filter(|e| e.sequence > lock.after_sequence)
+                .collect();
+            let stream_head: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(sequence), 0) FROM events \
+                 WHERE aggregate_type = ?1 AND aggregate_id = ?2",
+                params![GROUP_AGGREGATE, lock.group],
+                |row| row.get(0),
+            )?;
             let ttl = i64::try_from(lock.instance_ttl.as_micros()).unwrap_or(i64::MAX);
             let live_instances = live_instances(tx, &lock.group, now.saturating_sub(ttl))?;
             let snapshot = GroupSnapshot {
                 events,
+                after_sequence: lock.after_sequence,
+                stream_head,
                 live_instances,
                 now: ctx.now,
             };
