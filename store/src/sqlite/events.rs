@@ -80,10 +80,21 @@ pub fn load_in_tx(
     aggregate_type: &str,
     aggregate_id: &str,
 ) -> Result<Vec<RecordedEvent>, StoreError> {
+    load_after_in_tx(conn, aggregate_type, aggregate_id, 0)
+}
+
+/// Loads one aggregate's events after sequence `after`, in sequence order.
+pub fn load_after_in_tx(
+    conn: &rusqlite::Connection,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    after: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
     let mut stmt = conn.prepare_cached(&format!(
-        "{SELECT_EVENT} WHERE aggregate_type = ?1 AND aggregate_id = ?2 ORDER BY sequence"
+        "{SELECT_EVENT} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND sequence > ?3 \
+         ORDER BY sequence"
     ))?;
-    let rows = stmt.query_map(params![aggregate_type, aggregate_id], raw_event)?;
+    let rows = stmt.query_map(params![aggregate_type, aggregate_id, after], raw_event)?;
     rows.map(|row| row?.decode()).collect()
 }
 

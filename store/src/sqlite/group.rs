@@ -2,7 +2,7 @@
 
 use rusqlite::params;
 
-use super::events::{append_in_tx, load_in_tx};
+use super::events::{append_in_tx, load_after_in_tx};
 use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, Heartbeat, InstanceRecord};
@@ -29,10 +29,7 @@ impl SqliteStore {
                  VALUES (?1, ?2, ?3, COALESCE((SELECT head FROM topic WHERE name = ?2), 0))",
                 params![lock.group, lock.topic, now],
             )?;
-            let events: Vec<_> = load_in_tx(tx, GROUP_AGGREGATE, &lock.group)?
-                .into_iter()
-                .filter(|e| e.sequence > lock.after_sequence)
-                .collect();
+            let events = load_after_in_tx(tx, GROUP_AGGREGATE, &lock.group, lock.after_sequence)?;
             let stream_head: i64 = tx.query_row(
                 "SELECT COALESCE(MAX(sequence), 0) FROM events \
                  WHERE aggregate_type = ?1 AND aggregate_id = ?2",

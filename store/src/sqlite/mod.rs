@@ -19,7 +19,7 @@ use crate::error::StoreError;
 use crate::migrate;
 use crate::projector::SqliteProjector;
 
-pub use events::{append_in_tx, load_in_tx, read_after_in_tx};
+pub use events::{append_in_tx, load_after_in_tx, load_in_tx, read_after_in_tx};
 
 /// A Wharf store in one SQLite file.
 #[derive(Clone)]
