@@ -192,3 +192,39 @@ macro_rules! on_both_backends {
         }
     };
 }
+
+/// Small builders the queue tests share.
+pub mod fixtures {
+    use wharf::domain::{GroupName, TopicName};
+    use wharf::Registration;
+    use wharf_queue::{Headers, OutgoingMessage};
+
+    use crate::TestStore;
+
+    /// A topic name known to be valid.
+    pub fn topic(name: &str) -> TopicName {
+        TopicName::parse("topic", name).expect("a valid topic name")
+    }
+
+    /// A group name known to be valid.
+    pub fn group(name: &str) -> GroupName {
+        GroupName::parse("group", name).expect("a valid group name")
+    }
+
+    /// A message whose payload is its subject.
+    pub fn msg(subject: &str) -> OutgoingMessage {
+        OutgoingMessage::new(subject, subject.as_bytes().to_vec(), Headers::new())
+            .expect("a valid message")
+    }
+
+    /// Declares `group` on `topic` with `patterns` (version "1").
+    pub async fn declare(store: &TestStore, group: &str, topic: &str, patterns: &[&str]) {
+        store
+            .wharf()
+            .register(
+                &Registration::new(group, topic, "1", patterns).expect("a valid registration"),
+            )
+            .await
+            .expect("declaring a test group");
+    }
+}

@@ -26,7 +26,8 @@ use wharf::domain::{BindingMatcher, BindingSet, DeclarationEvent, DeclarerId, Gr
 use wharf::domain::{RegisterOutcome, TopicName};
 use wharf::store::Store;
 use wharf::{Registration, Wharf};
-use wharf_queue::{AckOutcome, Headers, OutgoingMessage, Queue, QueueSettings};
+use wharf_queue::{AckOutcome, Queue, QueueSettings};
+use wharf_tests::fixtures::msg;
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -149,10 +150,6 @@ async fn log_rows(store: &Store) -> BTreeMap<i64, String> {
         .into_iter()
         .collect(),
     }
-}
-
-fn msg(subject: &str) -> OutgoingMessage {
-    OutgoingMessage::new(subject, subject.as_bytes().to_vec(), Headers::new()).unwrap()
 }
 
 /// Checks the matcher the router uses against the reference on the test's own sets and

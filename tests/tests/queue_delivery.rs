@@ -27,27 +27,14 @@ use chrono::{DateTime, Utc};
 use wharf::domain::matcher::filter_matches;
 use wharf::domain::{GroupName, TopicFilter, TopicName};
 use wharf::store::Store;
-use wharf::Registration;
 use wharf_queue::{
     validate_batch, AckOutcome, Claimed, Headers, NackOutcome, OutgoingMessage, Queue, QueueError,
     QueueSettings,
 };
+use wharf_tests::fixtures::{declare, group, msg, topic};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn topic(name: &str) -> TopicName {
-    TopicName::parse("topic", name).unwrap()
-}
-
-fn group(name: &str) -> GroupName {
-    GroupName::parse("group", name).unwrap()
-}
-
-/// A message whose payload is its subject.
-fn msg(subject: &str) -> OutgoingMessage {
-    OutgoingMessage::new(subject, subject.as_bytes().to_vec(), Headers::new()).unwrap()
-}
 
 /// Short claim timings, as the brief asks; tests that need a longer window say why.
 fn fast() -> QueueSettings {
@@ -58,14 +45,6 @@ fn fast() -> QueueSettings {
         backoff_max: Duration::from_secs(1),
         route_batch: 50,
     }
-}
-
-async fn declare(store: &TestStore, group: &str, topic: &str, patterns: &[&str]) {
-    store
-        .wharf()
-        .register(&Registration::new(group, topic, "1", patterns).unwrap())
-        .await
-        .unwrap();
 }
 
 /// The reference answer: does the set (empty = whole topic) want `subject`? Uses the plain

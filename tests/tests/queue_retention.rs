@@ -17,13 +17,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use wharf::domain::{GroupName, TopicName};
+use wharf::domain::GroupName;
 use wharf::store::Store;
 use wharf::Registration;
 use wharf_queue::{
     AckOutcome, Claimed, Headers, NackOutcome, OutgoingMessage, Queue, QueueSettings,
     RetentionReport,
 };
+use wharf_tests::fixtures::{declare, group, msg, topic};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -31,18 +32,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const HOUR: Duration = Duration::from_secs(3600);
 /// How fresh a heartbeat must be for retention to count its group as live.
 const LIVE: Duration = Duration::from_secs(5);
-
-fn topic(name: &str) -> TopicName {
-    TopicName::parse("topic", name).unwrap()
-}
-
-fn group(name: &str) -> GroupName {
-    GroupName::parse("group", name).unwrap()
-}
-
-fn msg(subject: &str) -> OutgoingMessage {
-    OutgoingMessage::new(subject, subject.as_bytes().to_vec(), Headers::new()).unwrap()
-}
 
 /// Claims never lapse here; retention, not redelivery, is under test.
 fn settings() -> QueueSettings {
@@ -53,14 +42,6 @@ fn settings() -> QueueSettings {
         backoff_max: Duration::from_secs(1),
         route_batch: 3,
     }
-}
-
-async fn declare(store: &TestStore, group: &str, topic: &str, patterns: &[&str]) {
-    store
-        .wharf()
-        .register(&Registration::new(group, topic, "1", patterns).unwrap())
-        .await
-        .unwrap();
 }
 
 /// Routes until the group has scanned the whole log.
