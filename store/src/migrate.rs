@@ -36,6 +36,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(1, "postgres", "0001_event_store.sql"),
     migration!(2, "postgres", "0002_declaration_projections.sql"),
     migration!(3, "postgres", "0003_message_log.sql"),
+    migration!(4, "postgres", "0004_group_version.sql"),
 ];
 
 /// The schema version this build needs.

@@ -23,8 +23,10 @@ impl PgStore {
         F: FnOnce(&GroupSnapshot) -> GroupDecision<T, E> + Send,
     {
         let mut tx = self.pool.begin().await?;
-        lock_group(&mut tx, &lock).await?;
-        let snapshot = read_snapshot(&mut tx, &lock).await?;
+        let snapshot = match lock_and_read(&mut tx, &lock).await? {
+            Some(snapshot) => snapshot,
+            None => read_snapshot(&mut tx, &lock).await?,
+        };
         let (write, value) = match decide(&snapshot) {
             Ok(decided) => decided,
             Err(e) => {
@@ -117,63 +119,94 @@ type InstanceTuple = (
     chrono::DateTime<chrono::Utc>,
 );
 
-/// Creates the group row if needed and locks it, in one statement: `ON CONFLICT DO UPDATE`
-/// takes the row lock, as `SELECT ... FOR UPDATE` would. A new group's routing cursor starts at
-/// the topic's head: it receives what is published after it is first declared (ADR 0007).
-async fn lock_group(conn: &mut PgConnection, lock: &GroupLock) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO consumer_group (group_name, topic, routed_position) \
-         VALUES ($1, $2, COALESCE((SELECT head FROM topic WHERE name = $2), 0)) \
-         ON CONFLICT (group_name) DO UPDATE SET topic = consumer_group.topic",
-    )
-    .bind(&lock.group)
-    .bind(&lock.topic)
-    .execute(conn)
-    .await?;
-    Ok(())
+/// The store's time, the group's live instances, its events after the caller's sequence and
+/// its newest sequence, as one select list ($1 group, $2 TTL seconds, $3 aggregate type,
+/// $4 after-sequence).
+const SNAPSHOT_COLUMNS: &str = "clock_timestamp(), \
+   COALESCE((SELECT json_agg(json_build_object('declarer', declarer, 'patterns', patterns) \
+       ORDER BY declarer) FROM worker_instance WHERE group_name = $1 \
+       AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)), '[]'::json), \
+   COALESCE((SELECT json_agg(json_build_object('position', position, \
+       'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
+       'sequence', sequence, 'event_type', event_type, \
+       'event_version', event_version, 'payload', payload, 'metadata', metadata, \
+       'recorded_at', recorded_at) ORDER BY sequence) \
+     FROM events WHERE aggregate_type = $3 AND aggregate_id = $1 AND sequence > $4), \
+     '[]'::json), \
+   (SELECT COALESCE(MAX(sequence), 0) FROM events \
+     WHERE aggregate_type = $3 AND aggregate_id = $1)";
+
+type SnapshotRow = (
+    chrono::DateTime<chrono::Utc>,
+    sqlx::types::Json<Vec<LiveInstanceRow>>,
+    sqlx::types::Json<Vec<RecordedEvent>>,
+    i64,
+);
+
+fn snapshot_of(lock: &GroupLock, row: SnapshotRow) -> GroupSnapshot {
+    let (now, live, events, stream_head) = row;
+    GroupSnapshot {
+        events: events.0,
+        after_sequence: lock.after_sequence,
+        stream_head,
+        live_instances: live.0,
+        now,
+    }
 }
 
-/// What the decision needs, read in one round trip after the lock: the store's time, the live
-/// instances and the group's events.
-async fn read_snapshot(
+/// Creates the group row if needed and locks it (`ON CONFLICT DO UPDATE` takes the row lock, as
+/// `SELECT ... FOR UPDATE` would), bumping its version, and reads the snapshot in the same
+/// statement. That snapshot was taken when the statement started, possibly before a wait for
+/// the lock; it is used only when the version it saw is one below the version written (no other
+/// attempt committed in between). `None` means: read the snapshot again, now, under the lock.
+/// A new group's routing cursor starts at the topic's head (ADR 0007).
+async fn lock_and_read(
     conn: &mut PgConnection,
     lock: &GroupLock,
-) -> Result<GroupSnapshot, StoreError> {
+) -> Result<Option<GroupSnapshot>, StoreError> {
+    let sql = format!(
+        "INSERT INTO consumer_group (group_name, topic, routed_position) \
+         VALUES ($1, $5, COALESCE((SELECT head FROM topic WHERE name = $5), 0)) \
+         ON CONFLICT (group_name) DO UPDATE SET version = consumer_group.version + 1 \
+         RETURNING consumer_group.version, \
+           (SELECT g.version FROM consumer_group g WHERE g.group_name = $1), {SNAPSHOT_COLUMNS}"
+    );
     type Row = (
+        i64,
+        Option<i64>,
         chrono::DateTime<chrono::Utc>,
         sqlx::types::Json<Vec<LiveInstanceRow>>,
         sqlx::types::Json<Vec<RecordedEvent>>,
         i64,
     );
-    let (now, live, events, stream_head): Row =
-        sqlx::query_as(
-            "SELECT clock_timestamp(), \
-               COALESCE((SELECT json_agg(json_build_object('declarer', declarer, 'patterns', patterns) \
-                   ORDER BY declarer) FROM worker_instance WHERE group_name = $1 \
-                   AND heartbeat_at > clock_timestamp() - make_interval(secs => $2)), '[]'::json), \
-               COALESCE((SELECT json_agg(json_build_object('position', position, \
-                   'aggregate_type', aggregate_type, 'aggregate_id', aggregate_id, \
-                   'sequence', sequence, 'event_type', event_type, \
-                   'event_version', event_version, 'payload', payload, 'metadata', metadata, \
-                   'recorded_at', recorded_at) ORDER BY sequence) \
-                 FROM events WHERE aggregate_type = $3 AND aggregate_id = $1 AND sequence > $4), \
-                 '[]'::json), \
-               (SELECT COALESCE(MAX(sequence), 0) FROM events \
-                 WHERE aggregate_type = $3 AND aggregate_id = $1)",
-        )
+    let (written, seen, now, live, events, stream_head): Row = sqlx::query_as(&sql)
+        .bind(&lock.group)
+        .bind(lock.instance_ttl.as_secs_f64())
+        .bind(GROUP_AGGREGATE)
+        .bind(lock.after_sequence)
+        .bind(&lock.topic)
+        .fetch_one(conn)
+        .await?;
+    let consistent = match seen {
+        None => written == 0,
+        Some(seen) => seen + 1 == written,
+    };
+    Ok(consistent.then(|| snapshot_of(lock, (now, live, events, stream_head))))
+}
+
+/// What the decision needs, read in one round trip under the lock.
+async fn read_snapshot(
+    conn: &mut PgConnection,
+    lock: &GroupLock,
+) -> Result<GroupSnapshot, StoreError> {
+    let row: SnapshotRow = sqlx::query_as(&format!("SELECT {SNAPSHOT_COLUMNS}"))
         .bind(&lock.group)
         .bind(lock.instance_ttl.as_secs_f64())
         .bind(GROUP_AGGREGATE)
         .bind(lock.after_sequence)
         .fetch_one(conn)
         .await?;
-    Ok(GroupSnapshot {
-        events: events.0,
-        after_sequence: lock.after_sequence,
-        stream_head,
-        live_instances: live.0,
-        now,
-    })
+    Ok(snapshot_of(lock, row))
 }
 
 async fn upsert_instance(
