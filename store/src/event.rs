@@ -102,11 +102,6 @@ pub fn from_micros(micros: i64) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
-/// Converts a timestamp to microseconds since the Unix epoch.
-pub fn to_micros(at: DateTime<Utc>) -> i64 {
-    at.timestamp_micros()
-}
-
 /// A filtered, position-paged read of one aggregate's events (the audit queries).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EventQuery {
