@@ -52,11 +52,13 @@ const PG_ELIGIBLE: &str = "SELECT e.position FROM events e \
 
 /// Runs the pruner once.
 pub async fn prune(store: &Store, options: PruneOptions) -> Result<PruneReport, StoreError> {
-    let retention = chrono::Duration::from_std(options.retention).map_err(|_| StoreError::Url {
-        url: format!("{:?}", options.retention),
-        reason: "retention is too large".into(),
-    })?;
-    let cutoff = store.now().await? - retention;
+    // A retention longer than the clock can count back means nothing is old enough: the
+    // cutoff saturates at the earliest time rather than failing.
+    let now = store.now().await?;
+    let cutoff = chrono::Duration::from_std(options.retention)
+        .ok()
+        .and_then(|retention| now.checked_sub_signed(retention))
+        .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
     let batch = options.batch.max(1);
     let (eligible, deleted) = match store {
         Store::Sqlite(s) => sqlite_prune(s, cutoff, batch, options.dry_run).await?,
@@ -133,5 +135,32 @@ async fn pg_prune(
         if (removed as i64) < batch {
             return Ok((eligible as u64, deleted));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_retention_beyond_the_clock_prunes_nothing_instead_of_failing() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite =
+            wharf_store::SqliteStore::open(dir.path().join("w.db"), crate::sqlite_inline())
+                .await
+                .unwrap();
+        sqlite.migrate().await.unwrap();
+        let report = prune(
+            &Store::Sqlite(sqlite),
+            PruneOptions {
+                retention: std::time::Duration::MAX,
+                dry_run: false,
+                batch: 10,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!((report.eligible, report.deleted), (0, 0));
+        assert_eq!(report.cutoff, chrono::DateTime::<chrono::Utc>::MIN_UTC);
     }
 }
