@@ -85,7 +85,7 @@ async fn declarations(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let query = params::history_query(group.clone(), &pairs)?;
-    find_group(&state, &group).await?;
+    ensure_declared(&state, &group).await?;
     let page = state.read_model().history(&query).await?;
     Ok(Json(page))
 }
@@ -99,7 +99,7 @@ async fn dead_letters(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let page = params::dead_letter_query(&pairs)?;
-    find_group(&state, &group).await?;
+    ensure_declared(&state, &group).await?;
     let letters = state
         .queue()
         .dead_letters(&group, page.after, i64::from(page.limit))
@@ -107,11 +107,26 @@ async fn dead_letters(
     Ok(Json(DeadLetterPage::new(letters, page.limit)))
 }
 
+/// A 404 unless the group has an effective declaration (a single read; no view is built).
+async fn ensure_declared(state: &ApiState, group: &GroupName) -> Result<(), ApiError> {
+    if state.read_model().is_declared(group).await? {
+        Ok(())
+    } else {
+        Err(not_declared(group))
+    }
+}
+
+fn not_declared(group: &GroupName) -> ApiError {
+    ApiError::not_found(format!("group {:?} was never declared", group.as_str()))
+}
+
 /// The group's view, or a 404 when it has no effective declaration.
 async fn find_group(state: &ApiState, group: &GroupName) -> Result<GroupView, ApiError> {
-    state.read_model().group(group).await?.ok_or_else(|| {
-        ApiError::not_found(format!("group {:?} was never declared", group.as_str()))
-    })
+    state
+        .read_model()
+        .group(group)
+        .await?
+        .ok_or_else(|| not_declared(group))
 }
 
 /// Validates the `{group}` path segment.

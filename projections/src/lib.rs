@@ -130,6 +130,16 @@ impl ReadModel {
         ))
     }
 
+    /// True when the group has an effective declaration. One read of the inline projection,
+    /// which is always current: no catch-up, no view assembled.
+    pub async fn is_declared(&self, group: &GroupName) -> Result<bool, StoreError> {
+        let rows = match &self.store {
+            Store::Sqlite(s) => rows::sqlite_effective(s, Some(group.to_string())).await?,
+            Store::Postgres(s) => rows::pg_effective(s, Some(group.to_string())).await?,
+        };
+        Ok(!rows.is_empty())
+    }
+
     /// The group's effective binding rows, as claims read them (empty = whole topic).
     pub async fn effective_bindings(&self, group: &GroupName) -> Result<Vec<String>, StoreError> {
         match &self.store {
