@@ -140,23 +140,41 @@ impl Queue {
         Ok(claimed)
     }
 
-    /// Routes what is new for the group (a bounded number of steps), then claims up to `max`.
+    /// Claims up to `max` messages, routing what is new for the group (a bounded number of
+    /// steps) only when the deliveries already routed cannot fill the request.
+    ///
+    /// Routing lazily keeps a busy group's fetch at one statement, and keeps its routed but
+    /// unclaimed deliveries within about one routing batch: each routing step matches the log
+    /// against the set in effect at that moment, so a swap applies to everything not yet routed.
     pub async fn fetch(
         &self,
         group: &GroupName,
         instance: &str,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
+        let max = max.max(1);
+        let mut claimed = self.claim(group, instance, max).await?;
+        let wanted = max - claimed.len() as u32;
+        if wanted == 0 {
+            return Ok(claimed);
+        }
+        let (mut routed, mut busy) = (0u64, false);
         for _ in 0..MAX_ROUTE_STEPS_PER_FETCH {
             let report = self.route(group).await?;
+            routed += report.routed;
+            busy = report.busy;
             if report.busy || (report.scanned as i64) < self.settings.route_batch {
                 break;
             }
-            if report.routed >= u64::from(max) {
+            if routed >= u64::from(wanted) {
                 break;
             }
         }
-        self.claim(group, instance, max).await
+        // Another instance routing right now is likely to have made deliveries too.
+        if routed > 0 || busy {
+            claimed.append(&mut self.claim(group, instance, wanted).await?);
+        }
+        Ok(claimed)
     }
 
     /// Acknowledges a claimed message.

@@ -37,6 +37,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(2, "postgres", "0002_declaration_projections.sql"),
     migration!(3, "postgres", "0003_message_log.sql"),
     migration!(4, "postgres", "0004_group_version.sql"),
+    migration!(5, "postgres", "0005_claim_floor.sql"),
 ];
 
 /// The schema version this build needs.

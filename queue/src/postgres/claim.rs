@@ -47,6 +47,7 @@ pub(crate) async fn claim(
            WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
              SELECT position FROM delivery \
              WHERE group_name = $1 AND visible_at <= clock_timestamp() \
+               AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
              ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
            RETURNING d.topic, d.position, d.attempts, d.routed_by) \
          SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \
@@ -263,6 +264,16 @@ pub(crate) async fn replay_dead_letter(
         return Ok(false);
     };
     super::retention::lock_retention(&mut tx, &topic).await?;
+    // Lower the claim floor first, under the group row lock routing takes to raise it: a
+    // router that computed its floor without this row either committed before (and is
+    // corrected here) or waits for this commit and then sees the row.
+    sqlx::query(
+        "UPDATE consumer_group SET claim_floor = LEAST(claim_floor, $2) WHERE group_name = $1",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .execute(&mut *tx)
+    .await?;
     let restored = sqlx::query(
         "WITH dead AS (DELETE FROM dead_letter WHERE group_name = $1 AND position = $2 RETURNING *), \
          log AS (INSERT INTO message (topic, position, subject, payload, headers, published_at) \

@@ -101,11 +101,18 @@ pub(crate) async fn route(
         .execute(&mut *tx)
         .await?;
     }
-    sqlx::query("UPDATE consumer_group SET routed_position = $2 WHERE group_name = $1")
-        .bind(group.as_str())
-        .bind(last)
-        .execute(&mut *tx)
-        .await?;
+    // The claim floor moves up to the lowest delivery still waiting (or past the routed range
+    // when none is): acked deliveries below it are never walked by a claim again.
+    sqlx::query(
+        "UPDATE consumer_group SET routed_position = $2, claim_floor = COALESCE( \
+           (SELECT MIN(d.position) FROM delivery d \
+            WHERE d.group_name = $1 AND d.position >= consumer_group.claim_floor), $2 + 1) \
+         WHERE group_name = $1",
+    )
+    .bind(group.as_str())
+    .bind(last)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(RouteReport {
         scanned: slice.len() as u64,
