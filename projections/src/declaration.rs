@@ -12,7 +12,9 @@ use rusqlite::{params, Transaction};
 use sqlx::PgConnection;
 use wharf_domain::declaration::AGGREGATE_TYPE;
 use wharf_domain::{Attempt, BindingSet, DeclarationEvent};
-use wharf_store::{PgProjector, RecordedEvent, SqliteProjector, StoreError};
+use wharf_store::{
+    CteStatement, EventRef, PgProjector, RecordedEvent, SqliteProjector, StoreError,
+};
 
 /// Decodes a declaration event, or `None` for events of other aggregates.
 fn declaration(event: &RecordedEvent) -> Result<Option<DeclarationEvent>, StoreError> {
@@ -80,6 +82,65 @@ impl SqliteProjector for EffectiveBindings {
     }
 }
 
+impl EffectiveBindings {
+    /// The rows an install leaves, as CTEs of `statement`: drop the binding rows not in the new
+    /// set, add the new ones, record the effective declaration (`position` is the SQL of the
+    /// event's position). The two binding CTEs touch disjoint rows. Readers see all of it at
+    /// commit, or none of it. False for events that change nothing here.
+    fn pg_rows(
+        event: &EventRef<'_>,
+        position: &str,
+        statement: &mut CteStatement,
+    ) -> Result<bool, StoreError> {
+        if event.aggregate_type != AGGREGATE_TYPE {
+            return Ok(false);
+        }
+        let DeclarationEvent::Installed { attempt, previous } = event.decode()? else {
+            return Ok(false);
+        };
+        let group = statement.bind(attempt.group.as_str().to_owned())?;
+        let patterns = statement.bind(attempt.patterns.patterns())?;
+        let values = [
+            group.clone(),
+            statement.bind(attempt.topic.as_str().to_owned())?,
+            statement.bind(attempt.declarer.as_str().to_owned())?,
+            statement.bind(attempt.version.as_str().to_owned())?,
+            patterns.clone(),
+            statement.bind(previous.as_ref().map(BindingSet::patterns))?,
+            statement.bind(attempt.declared_at)?,
+            statement.bind(attempt.attempt_at)?,
+            position.to_owned(),
+        ];
+        statement.cte(
+            "bindings_gone",
+            &format!(
+                "DELETE FROM binding WHERE group_name = {group} AND pattern <> ALL({patterns}::text[])"
+            ),
+        );
+        statement.cte(
+            "bindings_added",
+            &format!(
+                "INSERT INTO binding (group_name, pattern) SELECT {group}, unnest({patterns}::text[]) \
+                 ON CONFLICT DO NOTHING"
+            ),
+        );
+        statement.cte(
+            "effective_upserted",
+            &format!(
+                "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+                 previous, declared_at, attempt_at, position, installs) SELECT {}, 1 \
+                 ON CONFLICT (group_name) DO UPDATE SET topic = excluded.topic, \
+                 declarer = excluded.declarer, version = excluded.version, \
+                 patterns = excluded.patterns, previous = excluded.previous, \
+                 declared_at = excluded.declared_at, attempt_at = excluded.attempt_at, \
+                 position = excluded.position, installs = effective_declaration.installs + 1",
+                values.join(", ")
+            ),
+        );
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl PgProjector for EffectiveBindings {
     fn name(&self) -> &'static str {
@@ -95,37 +156,23 @@ impl PgProjector for EffectiveBindings {
         conn: &mut PgConnection,
         event: &RecordedEvent,
     ) -> Result<(), StoreError> {
-        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
-            return Ok(());
-        };
-        let group = attempt.group.as_str();
-        // One statement: drop the rows not in the new set, add the new ones, record the
-        // effective declaration. Readers see all of it at commit, or none of it.
-        sqlx::query(
-            "WITH gone AS (DELETE FROM binding WHERE group_name = $1 AND pattern <> ALL($5::text[])), \
-             added AS (INSERT INTO binding (group_name, pattern) \
-               SELECT $1, unnest($5::text[]) ON CONFLICT DO NOTHING) \
-             INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
-             previous, declared_at, attempt_at, position, installs) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1) \
-             ON CONFLICT (group_name) DO UPDATE SET topic = excluded.topic, \
-             declarer = excluded.declarer, version = excluded.version, patterns = excluded.patterns, \
-             previous = excluded.previous, declared_at = excluded.declared_at, \
-             attempt_at = excluded.attempt_at, position = excluded.position, \
-             installs = effective_declaration.installs + 1",
-        )
-        .bind(group)
-        .bind(attempt.topic.as_str())
-        .bind(attempt.declarer.as_str())
-        .bind(attempt.version.as_str())
-        .bind(attempt.patterns.patterns())
-        .bind(previous.as_ref().map(BindingSet::patterns))
-        .bind(attempt.declared_at)
-        .bind(attempt.attempt_at)
-        .bind(event.position)
-        .execute(conn)
-        .await?;
+        let mut statement = CteStatement::default();
+        let position = statement.bind(event.position)?;
+        if Self::pg_rows(&event.as_ref(), &position, &mut statement)? {
+            let (sql, args) = statement.finish("SELECT 1");
+            sqlx::query_with(&sql, args).execute(conn).await?;
+        }
         Ok(())
+    }
+
+    /// The install's rows ride in the statement that inserts the event.
+    fn fuse(
+        &self,
+        event: &EventRef<'_>,
+        position: &str,
+        statement: &mut CteStatement,
+    ) -> Result<bool, StoreError> {
+        Self::pg_rows(event, position, statement)
     }
 }
 

@@ -63,6 +63,48 @@ impl RecordedEvent {
         serde_json::from_value(self.payload.clone())
             .map_err(|e| StoreError::decode(self.position, e))
     }
+
+    /// The event as a projector sees it.
+    pub fn as_ref(&self) -> EventRef<'_> {
+        EventRef {
+            position: Some(self.position),
+            aggregate_type: &self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            sequence: self.sequence,
+            event_type: &self.event_type,
+            payload: &self.payload,
+        }
+    }
+}
+
+/// An event as a projector sees it: recorded, or being inserted (no position yet).
+#[derive(Debug, Clone, Copy)]
+pub struct EventRef<'a> {
+    /// The global position; `None` while the event is being inserted.
+    pub position: Option<i64>,
+    /// The aggregate's type.
+    pub aggregate_type: &'a str,
+    /// The aggregate's id.
+    pub aggregate_id: &'a str,
+    /// Per-aggregate sequence.
+    pub sequence: i64,
+    /// The event's type name.
+    pub event_type: &'a str,
+    /// The event body.
+    pub payload: &'a Value,
+}
+
+impl EventRef<'_> {
+    /// Deserializes the payload into a domain event type.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
+        serde_json::from_value(self.payload.clone()).map_err(|e| {
+            let at = format!(
+                "{}/{}#{}",
+                self.aggregate_type, self.aggregate_id, self.sequence
+            );
+            StoreError::decode(self.position.unwrap_or(0), format!("{at}: {e}"))
+        })
+    }
 }
 
 /// A worker instance of a consumer group, as heartbeats record it.

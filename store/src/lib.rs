@@ -26,10 +26,10 @@ pub mod sqlite;
 use chrono::{DateTime, Utc};
 
 pub use error::StoreError;
-pub use event::{EventQuery, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
+pub use event::{EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
 pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
 pub use postgres::{PgSettings, PgStore};
-pub use projector::{PgProjector, SqliteProjector};
+pub use projector::{CteStatement, PgProjector, SqliteProjector};
 pub use rebuild::{Progress, RebuildMode, RebuildReport, TableDifference};
 pub use sqlite::SqliteStore;
 

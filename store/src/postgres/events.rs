@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::error::StoreError;
-use crate::event::{EventQuery, NewEvent, RecordedEvent};
-use crate::projector::PgProjector;
+use crate::event::{EventQuery, EventRef, NewEvent, RecordedEvent};
+use crate::projector::{CteStatement, PgProjector};
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -24,6 +24,9 @@ pub async fn lock_appends(conn: &mut PgConnection) -> Result<(), StoreError> {
 
 /// Appends `events` after `last_sequence` and runs every inline projector on them, inside the
 /// caller's transaction. Takes the append lock. A taken sequence is [`StoreError::Conflict`].
+///
+/// Each event is one statement: the append lock, the insert, and the projections of every
+/// projector that can [fuse](PgProjector::fuse) them; the others apply theirs afterwards.
 pub async fn append_in_tx(
     conn: &mut PgConnection,
     projectors: &[Arc<dyn PgProjector>],
@@ -32,31 +35,25 @@ pub async fn append_in_tx(
     last_sequence: i64,
     events: &[NewEvent],
 ) -> Result<Vec<RecordedEvent>, StoreError> {
-    if events.is_empty() {
-        return Ok(Vec::new());
-    }
     let mut recorded = Vec::with_capacity(events.len());
+    let mut apply_after: Vec<(usize, &Arc<dyn PgProjector>)> = Vec::new();
     for (offset, event) in events.iter().enumerate() {
         let sequence = last_sequence + 1 + offset as i64;
-        // The append lock is taken inside the insert, before the row (and its position) is
-        // formed: the same guarantee as `lock_appends`, one round trip fewer. Re-taking it for a
-        // later event of the same append is a no-op.
-        let row = sqlx::query(
-            "WITH append_lock AS (SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events'))) \
-             INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
-             payload, metadata) SELECT $1, $2, $3, $4, $5, $6, $7 FROM append_lock \
-             RETURNING position, recorded_at",
-        )
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .bind(sequence)
-        .bind(&event.event_type)
-        .bind(&event.event_version)
-        .bind(sqlx::types::Json(&event.payload))
-        .bind(sqlx::types::Json(&event.metadata))
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| conflict_or(e, aggregate_type, aggregate_id, sequence))?;
+        let pending = EventRef {
+            position: None,
+            aggregate_type,
+            aggregate_id,
+            sequence,
+            event_type: &event.event_type,
+            payload: &event.payload,
+        };
+        let (sql, args) = insert_statement(projectors, &pending, event, &mut |projector| {
+            apply_after.push((offset, projector));
+        })?;
+        let row = sqlx::query_with(&sql, args)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| conflict_or(e, aggregate_type, aggregate_id, sequence))?;
         recorded.push(RecordedEvent {
             position: row.try_get("position")?,
             recorded_at: row.try_get("recorded_at")?,
@@ -69,15 +66,57 @@ pub async fn append_in_tx(
             metadata: event.metadata.clone(),
         });
     }
-    for event in &recorded {
-        for projector in projectors {
-            projector
-                .apply(conn, event)
-                .await
-                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-        }
+    for (offset, projector) in apply_after {
+        projector
+            .apply(conn, &recorded[offset])
+            .await
+            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
     }
     Ok(recorded)
+}
+
+/// The insert statement of one event with the fused projections; projectors that did not fuse
+/// are handed to `defer`, in order. The append lock is taken inside the insert, before the row
+/// (and its position) is formed: the same guarantee as [`lock_appends`], one round trip fewer.
+/// Re-taking it for a later event of the same append is a no-op.
+fn insert_statement<'p>(
+    projectors: &'p [Arc<dyn PgProjector>],
+    pending: &EventRef<'_>,
+    event: &NewEvent,
+    defer: &mut dyn FnMut(&'p Arc<dyn PgProjector>),
+) -> Result<(String, PgArguments), StoreError> {
+    let mut statement = CteStatement::default();
+    statement.cte(
+        "append_lock",
+        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events'))",
+    );
+    let values = [
+        statement.bind(pending.aggregate_type.to_owned())?,
+        statement.bind(pending.aggregate_id.to_owned())?,
+        statement.bind(pending.sequence)?,
+        statement.bind(event.event_type.clone())?,
+        statement.bind(event.event_version.clone())?,
+        statement.bind(sqlx::types::Json(event.payload.clone()))?,
+        statement.bind(sqlx::types::Json(event.metadata.clone()))?,
+    ];
+    statement.cte(
+        "appended",
+        &format!(
+            "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, \
+             event_version, payload, metadata) SELECT {} FROM append_lock \
+             RETURNING position, recorded_at",
+            values.join(", ")
+        ),
+    );
+    for projector in projectors {
+        let fused = projector
+            .fuse(pending, "(SELECT position FROM appended)", &mut statement)
+            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+        if !fused {
+            defer(projector);
+        }
+    }
+    Ok(statement.finish("SELECT position, recorded_at FROM appended"))
 }
 
 fn conflict_or(
@@ -87,7 +126,11 @@ fn conflict_or(
     sequence: i64,
 ) -> StoreError {
     match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+        // Only the ledger's own key means "someone appended first"; a unique violation in a
+        // fused projection is that projector's failure.
+        sqlx::Error::Database(db)
+            if db.code().as_deref() == Some("23505") && db.constraint() == Some("events_pkey") =>
+        {
             StoreError::Conflict {
                 aggregate_type: aggregate_type.to_owned(),
                 aggregate_id: aggregate_id.to_owned(),
