@@ -5,8 +5,9 @@
 //!   effective binding set (read in the same transaction, under the group row lock the
 //!   declaration swap also takes) and recording a delivery per match. The cost is per log row,
 //!   once; messages a group does not want never reach its claim path (ADR 0007).
-//! - **Claim / ack / nack** is a plain `SKIP LOCKED` queue over the group's deliveries, with a
-//!   visibility timeout, attempt counting, backoff and dead letters.
+//! - **Claim / ack / nack / extend** is a plain `SKIP LOCKED` queue over the group's deliveries,
+//!   starting at the group's claim floor (ADR 0009), with a visibility timeout the holder can
+//!   extend, attempt counting, backoff and dead letters.
 //! - **Retain** deletes what every group is done with, and what aged out and no live group needs.
 //!
 //! Architecture invariant: the queue never decides bindings; it reads the effective binding rows
@@ -21,13 +22,13 @@ mod sqlite;
 use std::sync::Arc;
 use std::time::Duration;
 
-use wharf_domain::{GroupName, TopicName};
+use wharf_domain::{GroupName, TopicName, ValidationError};
 use wharf_store::Store;
 
 pub use error::QueueError;
 pub use message::{
-    validate_batch, AckOutcome, Claimed, DeadLetter, GroupQueueStats, Headers, NackOutcome,
-    OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
+    validate_batch, AckOutcome, Claimed, DeadLetter, ExtendOutcome, GroupQueueStats, Headers,
+    NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
 };
 
 /// The queue over a store.
@@ -41,6 +42,9 @@ pub struct Queue {
 /// How many routing steps one `fetch` may take before it claims anyway, so a long unmatched
 /// stretch of the log cannot delay a claim without bound.
 const MAX_ROUTE_STEPS_PER_FETCH: usize = 8;
+
+/// The longest single claim extension.
+const MAX_EXTENSION: Duration = Duration::from_secs(24 * 3600);
 
 /// How many times one `claim` call claims again after burying exhausted messages.
 const MAX_CLAIM_ROUNDS: usize = 4;
@@ -185,6 +189,31 @@ impl Queue {
             Store::Postgres(s) => {
                 postgres::ack(s, &group, message.position, message.claim_token).await
             }
+        }
+    }
+
+    /// Keeps a claimed message hidden from other instances for `by` from now (by the store's
+    /// clock), for a handler that needs longer than the visibility timeout. Only the holder of
+    /// the claim can extend it; an extension does not count as an attempt. `by` must be above
+    /// zero and at most a day.
+    pub async fn extend(
+        &self,
+        message: &Claimed,
+        by: Duration,
+    ) -> Result<ExtendOutcome, QueueError> {
+        if by.is_zero() || by > MAX_EXTENSION {
+            return Err(ValidationError::new(
+                "by",
+                &format!("{by:?}"),
+                "a claim extension must be above 0 and at most 1 day",
+            )
+            .into());
+        }
+        let group = GroupName::parse("group", &message.group)?;
+        let (position, token) = (message.position, message.claim_token);
+        match &self.store {
+            Store::Sqlite(s) => sqlite::extend(s, &group, position, token, by).await,
+            Store::Postgres(s) => postgres::extend(s, &group, position, token, by).await,
         }
     }
 

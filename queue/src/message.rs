@@ -203,6 +203,18 @@ pub enum NackOutcome {
     ClaimLost,
 }
 
+/// The result of extending a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtendOutcome {
+    /// The claim holds until `visible_at` (by the store's clock).
+    Extended {
+        /// Until when no other instance can claim the message.
+        visible_at: DateTime<Utc>,
+    },
+    /// The claim had expired and was taken over (or the message was settled); nothing changed.
+    ClaimLost,
+}
+
 /// A message a group gave up on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {

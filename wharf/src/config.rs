@@ -144,6 +144,11 @@ pub struct QueueConfig {
     pub poll_interval: Duration,
     /// The most handlers one consumer runs at once.
     pub concurrency: u32,
+    /// How long a running handler's claim is kept alive by extending it (by the visibility
+    /// timeout, every third of it). After this the claim is left to expire, so a hung handler
+    /// cannot hold its message forever. `0s` never extends.
+    #[serde(with = "humantime_serde")]
+    pub max_claim_hold: Duration,
     /// How long a shutting-down consumer waits for its running handlers before it aborts them
     /// (their claims then expire and the messages are redelivered).
     #[serde(with = "humantime_serde")]
@@ -166,6 +171,7 @@ impl Default for QueueConfig {
             claim_batch: 32,
             poll_interval: Duration::from_millis(200),
             concurrency: 8,
+            max_claim_hold: Duration::from_secs(3600),
             drain_timeout: Duration::from_secs(30),
             retention: Duration::from_secs(7 * 24 * 3600),
             retention_batch: 5000,
@@ -204,6 +210,12 @@ impl QueueConfig {
         if let Some((key, value)) = counts.iter().find(|(_, n)| *n < 1) {
             return Err(WharfError::Config(format!(
                 "queue.{key} must be at least 1, got {value}"
+            )));
+        }
+        if self.max_claim_hold > Duration::from_secs(7 * 24 * 3600) {
+            return Err(WharfError::Config(format!(
+                "queue.max_claim_hold must be at most 7 days, got {}",
+                humantime::format_duration(self.max_claim_hold)
             )));
         }
         if self.backoff_max < self.backoff_base {

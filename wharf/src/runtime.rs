@@ -5,7 +5,8 @@
 //! running finish normally). Each fetch asks for as many messages as there are free handler
 //! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all); each message runs
 //! in its own task under a `message{group,topic,position,attempts}` span and is acked when its
-//! handler succeeds, or nacked with the error text when it fails or panics.
+//! handler succeeds, or nacked with the error text when it fails or panics. While a handler runs
+//! its claim is extended (`claim_keeper`), up to `queue.max_claim_hold`.
 //!
 //! On shutdown the loop stops claiming and waits up to `queue.drain_timeout` for the running
 //! handlers, then aborts the rest: their claims expire after the visibility timeout and the
@@ -25,6 +26,7 @@ use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::GroupName;
 use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue};
 
+use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
 use crate::consumer::ConsumerState;
 use crate::handler::Handler;
@@ -171,10 +173,14 @@ impl Runtime {
         let queue = self.queue.clone();
         let handler = self.handler.clone();
         let counters = self.counters.clone();
+        let keep = KeepPolicy {
+            visibility_timeout: self.config.visibility_timeout,
+            max_hold: self.config.max_claim_hold,
+        };
         tasks.spawn(
             async move {
                 let _slot = slot;
-                process(&queue, handler.as_ref(), &counters, message).await;
+                process(&queue, handler.as_ref(), &counters, keep, message).await;
             }
             .instrument(span),
         );
@@ -209,11 +215,28 @@ impl Runtime {
     }
 }
 
-/// Runs the handler on one message and settles it: ack on success, nack on failure or panic.
-async fn process(queue: &Queue, handler: &dyn Handler, counters: &Counters, message: Claimed) {
-    let outcome = AssertUnwindSafe(handler.handle(&message))
-        .catch_unwind()
-        .await;
+/// Runs the handler on one message, keeping its claim alive meanwhile, and settles it: ack on
+/// success, nack on failure or panic.
+async fn process(
+    queue: &Queue,
+    handler: &dyn Handler,
+    counters: &Counters,
+    keep: KeepPolicy,
+    message: Claimed,
+) {
+    let handling = AssertUnwindSafe(handler.handle(&message)).catch_unwind();
+    tokio::pin!(handling);
+    let keeper = keep_claim(queue, &message, keep);
+    tokio::pin!(keeper);
+    let mut keeping = !keep.max_hold.is_zero();
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut handling => break outcome,
+            // A lost claim is counted when the settle finds it lost.
+            _ = &mut keeper, if keeping => keeping = false,
+        }
+    };
     let failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),

@@ -14,7 +14,7 @@ use wharf_store::PgStore;
 
 use super::headers_json;
 use crate::error::QueueError;
-use crate::message::{AckOutcome, Claimed, DeadLetter, NackOutcome, QueueSettings};
+use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
 
 type ClaimRow = (
     String,
@@ -151,6 +151,30 @@ pub(crate) async fn ack(
         AckOutcome::Acked
     } else {
         AckOutcome::ClaimLost
+    })
+}
+
+/// Pushes a held claim's `visible_at` to `by` from now; only the claim token's holder can.
+pub(crate) async fn extend(
+    store: &PgStore,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    by: Duration,
+) -> Result<ExtendOutcome, QueueError> {
+    let visible_at: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "UPDATE delivery SET visible_at = clock_timestamp() + make_interval(secs => $4) \
+         WHERE group_name = $1 AND position = $2 AND claim_token = $3 RETURNING visible_at",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(token)
+    .bind(by.as_secs_f64())
+    .fetch_optional(store.pool())
+    .await?;
+    Ok(match visible_at {
+        Some(visible_at) => ExtendOutcome::Extended { visible_at },
+        None => ExtendOutcome::ClaimLost,
     })
 }
 

@@ -7,7 +7,7 @@ use wharf_store::SqliteStore;
 
 use super::headers_from;
 use crate::error::QueueError;
-use crate::message::{AckOutcome, Claimed, DeadLetter, NackOutcome, QueueSettings};
+use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
 
 fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -166,6 +166,34 @@ pub(crate) async fn ack(
                 AckOutcome::Acked
             } else {
                 AckOutcome::ClaimLost
+            })
+        })
+        .await?)
+}
+
+/// Pushes a held claim's `visible_at` to `by` from now; only the claim token's holder can.
+pub(crate) async fn extend(
+    store: &SqliteStore,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    by: std::time::Duration,
+) -> Result<ExtendOutcome, QueueError> {
+    let (group, by) = (group.clone(), micros(by));
+    Ok(store
+        .write(move |ctx| {
+            let visible_at = ctx.now.timestamp_micros().saturating_add(by);
+            let done = ctx.tx.execute(
+                "UPDATE delivery SET visible_at = ?4 \
+                 WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+                params![group.as_str(), position, token, visible_at],
+            )?;
+            Ok(if done == 1 {
+                ExtendOutcome::Extended {
+                    visible_at: from_micros(visible_at),
+                }
+            } else {
+                ExtendOutcome::ClaimLost
             })
         })
         .await?)
