@@ -192,6 +192,33 @@ impl Queue {
         }
     }
 
+    /// Acknowledges several claimed messages (of any groups) in one transaction; returns each
+    /// one's outcome, in the order given. Cheaper than one [`ack`](Self::ack) each: one commit.
+    pub async fn ack_many(&self, messages: &[Claimed]) -> Result<Vec<AckOutcome>, QueueError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys = Vec::with_capacity(messages.len());
+        for message in messages {
+            let group = GroupName::parse("group", &message.group)?;
+            keys.push((group.to_string(), message.position, message.claim_token));
+        }
+        let acked = match &self.store {
+            Store::Sqlite(s) => sqlite::ack_many(s, keys.clone()).await?,
+            Store::Postgres(s) => postgres::ack_many(s, &keys).await?,
+        };
+        Ok(keys
+            .iter()
+            .map(|key| {
+                if acked.contains(key) {
+                    AckOutcome::Acked
+                } else {
+                    AckOutcome::ClaimLost
+                }
+            })
+            .collect())
+    }
+
     /// Keeps a claimed message hidden from other instances for `by` from now (by the store's
     /// clock), for a handler that needs longer than the visibility timeout. Only the holder of
     /// the claim can extend it; an extension does not count as an attempt. `by` must be above

@@ -44,6 +44,7 @@
 //! projections and the domain together and owns every clock and timer; the decision itself
 //! stays in `wharf-domain`.
 
+mod acker;
 mod claim_keeper;
 pub mod config;
 pub mod consumer;

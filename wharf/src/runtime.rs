@@ -3,10 +3,12 @@
 //! It runs beside the declaration lifecycle and claims only while the lifecycle reports
 //! `Consuming`: a waiting, stalled or re-declaring instance claims nothing (handlers already
 //! running finish normally). Each fetch asks for as many messages as there are free handler
-//! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all); each message runs
-//! in its own task under a `message{group,topic,position,attempts}` span and is acked when its
-//! handler succeeds, or nacked with the error text when it fails or panics. While a handler runs
-//! its claim is extended (`claim_keeper`), up to `queue.max_claim_hold`.
+//! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all; it lingers up to
+//! a millisecond for slots about to free up, so handlers that finish together fetch together);
+//! each message runs in its own task under a `message{group,topic,position,attempts}` span and
+//! is acked when its handler succeeds (acks of handlers that finish together share a commit:
+//! `acker`), or nacked with the error text when it fails or panics. While a handler runs its
+//! claim is extended (`claim_keeper`), up to `queue.max_claim_hold`.
 //!
 //! On shutdown the loop stops claiming and waits up to `queue.drain_timeout` for the running
 //! handlers, then aborts the rest: their claims expire after the visibility timeout and the
@@ -18,6 +20,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -26,6 +29,7 @@ use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::GroupName;
 use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue};
 
+use crate::acker::Acker;
 use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
 use crate::consumer::ConsumerState;
@@ -68,8 +72,8 @@ impl Counters {
     }
 }
 
-/// A handler slot held by one running message: frees the slot and the in-flight count when the
-/// message's task ends, however it ends (an abort included).
+/// A handler slot held by one running message: frees the slot and the in-flight count when its
+/// handler returns or its task ends, however it ends (an abort included).
 struct Slot {
     _permit: OwnedSemaphorePermit,
     counters: Arc<Counters>,
@@ -89,6 +93,15 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// What a handler task needs to settle its message.
+#[derive(Clone)]
+struct Settle {
+    queue: Queue,
+    acker: Acker,
+    counters: Arc<Counters>,
+    keep: KeepPolicy,
 }
 
 /// Everything the claim loop needs.
@@ -112,6 +125,16 @@ impl Runtime {
         let slots = Arc::new(Semaphore::new(concurrency.clamp(1, Semaphore::MAX_PERMITS)));
         let claim_batch = usize::try_from(self.config.claim_batch.max(1)).unwrap_or(usize::MAX);
         let mut tasks = JoinSet::new();
+        let (acker, acking) = Acker::start(self.queue.clone());
+        let settle = Settle {
+            queue: self.queue.clone(),
+            acker,
+            counters: self.counters.clone(),
+            keep: KeepPolicy {
+                visibility_timeout: self.config.visibility_timeout,
+                max_hold: self.config.max_claim_hold,
+            },
+        };
         loop {
             while let Some(ended) = tasks.try_join_next() {
                 log_task_end(ended);
@@ -128,19 +151,13 @@ impl Runtime {
             else {
                 continue;
             };
-            let mut permits = vec![first];
-            while permits.len() < claim_batch {
-                match slots.clone().try_acquire_owned() {
-                    Ok(permit) => permits.push(permit),
-                    Err(_) => break,
-                }
-            }
+            let permits = gather_slots(&slots, first, claim_batch.min(concurrency)).await;
             let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
             match self.queue.fetch(&self.group, &self.instance, wanted).await {
                 Ok(messages) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
                     for (message, permit) in messages.into_iter().zip(permits) {
-                        self.spawn(&mut tasks, message, permit);
+                        self.spawn(&mut tasks, &settle, message, permit);
                     }
                 }
                 Ok(_) => {
@@ -157,10 +174,21 @@ impl Runtime {
             }
         }
         self.drain(&mut tasks).await;
+        // The handler tasks are done (or aborted); the acker ends once its last sender goes.
+        drop(settle);
+        if let Err(e) = acking.await {
+            error!(error = %e, "the acker task failed");
+        }
     }
 
     /// Runs one claimed message's handler in its own task, holding `permit` until it settles.
-    fn spawn(&self, tasks: &mut JoinSet<()>, message: Claimed, permit: OwnedSemaphorePermit) {
+    fn spawn(
+        &self,
+        tasks: &mut JoinSet<()>,
+        settle: &Settle,
+        message: Claimed,
+        permit: OwnedSemaphorePermit,
+    ) {
         let span = tracing::info_span!(
             "message",
             group = %message.group,
@@ -170,17 +198,11 @@ impl Runtime {
             subject = %message.subject,
         );
         let slot = Slot::take(permit, self.counters.clone());
-        let queue = self.queue.clone();
         let handler = self.handler.clone();
-        let counters = self.counters.clone();
-        let keep = KeepPolicy {
-            visibility_timeout: self.config.visibility_timeout,
-            max_hold: self.config.max_claim_hold,
-        };
+        let settle = settle.clone();
         tasks.spawn(
             async move {
-                let _slot = slot;
-                process(&queue, handler.as_ref(), &counters, keep, message).await;
+                process(&settle, handler.as_ref(), message, slot).await;
             }
             .instrument(span),
         );
@@ -215,35 +237,63 @@ impl Runtime {
     }
 }
 
+/// How long a fetch waits for more handler slots to free up when only a few are free: handlers
+/// that finish together then share one claim (and their acks one commit) instead of each
+/// fetching alone.
+const SLOT_LINGER: Duration = Duration::from_millis(1);
+
+/// Takes `first` and whatever other slots free up within [`SLOT_LINGER`], up to `want`.
+async fn gather_slots(
+    slots: &Arc<Semaphore>,
+    first: OwnedSemaphorePermit,
+    want: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = vec![first];
+    let deadline = tokio::time::Instant::now() + SLOT_LINGER;
+    while permits.len() < want {
+        let next = match slots.clone().try_acquire_owned() {
+            Ok(permit) => Ok(permit),
+            Err(_) => tokio::time::timeout_at(deadline, slots.clone().acquire_owned())
+                .await
+                .map_err(|_| ())
+                .and_then(|acquired| acquired.map_err(|_| ())),
+        };
+        match next {
+            Ok(permit) => permits.push(permit),
+            Err(()) => break,
+        }
+    }
+    permits
+}
+
 /// Runs the handler on one message, keeping its claim alive meanwhile, and settles it: ack on
-/// success, nack on failure or panic.
-async fn process(
-    queue: &Queue,
-    handler: &dyn Handler,
-    counters: &Counters,
-    keep: KeepPolicy,
-    message: Claimed,
-) {
-    let handling = AssertUnwindSafe(handler.handle(&message)).catch_unwind();
-    tokio::pin!(handling);
-    let keeper = keep_claim(queue, &message, keep);
-    tokio::pin!(keeper);
-    let mut keeping = !keep.max_hold.is_zero();
-    let outcome = loop {
-        tokio::select! {
-            biased;
-            outcome = &mut handling => break outcome,
-            // A lost claim is counted when the settle finds it lost.
-            _ = &mut keeper, if keeping => keeping = false,
+/// success (through the shared acker), nack on failure or panic. The handler slot is freed as
+/// soon as the handler returns, so the next fetch overlaps the settle.
+async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot: Slot) {
+    let outcome = {
+        let handling = AssertUnwindSafe(handler.handle(&message)).catch_unwind();
+        tokio::pin!(handling);
+        let keeper = keep_claim(&settle.queue, &message, settle.keep);
+        tokio::pin!(keeper);
+        let mut keeping = !settle.keep.max_hold.is_zero();
+        loop {
+            tokio::select! {
+                biased;
+                outcome = &mut handling => break outcome,
+                // A lost claim is counted when the settle finds it lost.
+                _ = &mut keeper, if keeping => keeping = false,
+            }
         }
     };
+    drop(slot);
+    let (queue, counters) = (&settle.queue, settle.counters.as_ref());
     let failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),
         Err(panic) => Some(format!("handler panicked: {}", panic_text(panic.as_ref()))),
     };
     let Some(reason) = failure else {
-        match queue.ack(&message).await {
+        match settle.acker.ack(message).await {
             Ok(AckOutcome::Acked) => debug!("handled and acked"),
             Ok(AckOutcome::ClaimLost) => {
                 Counters::bump(&counters.claims_lost);

@@ -5,6 +5,7 @@
 //! carries a fresh token; acks and nacks must present it, so an instance whose claim expired
 //! and was re-claimed elsewhere cannot settle the other instance's claim.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -152,6 +153,31 @@ pub(crate) async fn ack(
     } else {
         AckOutcome::ClaimLost
     })
+}
+
+/// Acknowledges `(group, position, token)` claims in one statement; returns the keys it acked
+/// (the token included: two claims of one message, an expired one and its successor, can be
+/// in one batch, and only the successor's ack counts).
+pub(crate) async fn ack_many(
+    store: &PgStore,
+    keys: &[(String, i64, i64)],
+) -> Result<HashSet<(String, i64, i64)>, QueueError> {
+    let groups: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+    let positions: Vec<i64> = keys.iter().map(|k| k.1).collect();
+    let tokens: Vec<i64> = keys.iter().map(|k| k.2).collect();
+    let done: Vec<(String, i64, i64)> = sqlx::query_as(
+        "DELETE FROM delivery d USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
+           AS settled(group_name, position, claim_token) \
+         WHERE d.group_name = settled.group_name AND d.position = settled.position \
+           AND d.claim_token = settled.claim_token \
+         RETURNING d.group_name, d.position, d.claim_token",
+    )
+    .bind(&groups)
+    .bind(&positions)
+    .bind(&tokens)
+    .fetch_all(store.pool())
+    .await?;
+    Ok(done.into_iter().collect())
 }
 
 /// Pushes a held claim's `visible_at` to `by` from now; only the claim token's holder can.

@@ -6,7 +6,7 @@ pub(crate) mod retention;
 mod route;
 mod stats;
 
-pub(crate) use claim::{ack, claim, dead_letters, extend, nack, replay_dead_letter};
+pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
 pub(crate) use publish::publish;
 pub(crate) use retention::retain;
 pub(crate) use route::route;

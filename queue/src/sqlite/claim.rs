@@ -1,5 +1,7 @@
 //! Claims, acks, nacks and dead letters on SQLite (see the Postgres twin for the rules).
 
+use std::collections::HashSet;
+
 use rusqlite::{params, Transaction};
 use wharf_domain::GroupName;
 use wharf_store::event::from_micros;
@@ -167,6 +169,28 @@ pub(crate) async fn ack(
             } else {
                 AckOutcome::ClaimLost
             })
+        })
+        .await?)
+}
+
+/// Acknowledges `(group, position, token)` claims in one transaction; returns the keys it
+/// acked, tokens included.
+pub(crate) async fn ack_many(
+    store: &SqliteStore,
+    keys: Vec<(String, i64, i64)>,
+) -> Result<HashSet<(String, i64, i64)>, QueueError> {
+    Ok(store
+        .write(move |ctx| {
+            let mut delete = ctx.tx.prepare_cached(
+                "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+            )?;
+            let mut acked = HashSet::new();
+            for (group, position, token) in keys {
+                if delete.execute(params![group, position, token])? == 1 {
+                    acked.insert((group, position, token));
+                }
+            }
+            Ok(acked)
         })
         .await?)
 }
