@@ -181,7 +181,7 @@ impl Runtime {
         }
     }
 
-    /// Runs one claimed message's handler in its own task, holding `permit` until it settles.
+    /// Runs one claimed message's handler in its own task, holding `permit` while it runs.
     fn spawn(
         &self,
         tasks: &mut JoinSet<()>,
