@@ -18,6 +18,7 @@ mod matchers;
 pub mod message;
 mod postgres;
 mod sqlite;
+pub mod wakeups;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +31,7 @@ pub use message::{
     validate_batch, AckOutcome, Claimed, DeadLetter, ExtendOutcome, GroupQueueStats, Headers,
     NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
 };
+pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
 
 /// The queue over a store.
 #[derive(Clone)]
@@ -37,6 +39,7 @@ pub struct Queue {
     store: Store,
     settings: QueueSettings,
     matchers: Arc<matchers::Matchers>,
+    wakeups: Arc<Wakeups>,
 }
 
 /// How many routing steps one `fetch` may take before it claims anyway, so a long unmatched
@@ -56,6 +59,7 @@ impl Queue {
             store,
             settings,
             matchers: Arc::default(),
+            wakeups: Arc::default(),
         }
     }
 
@@ -90,10 +94,17 @@ impl Queue {
                 ..e
             })?;
         }
-        match &self.store {
+        let positions = match &self.store {
             Store::Sqlite(s) => sqlite::publish(s, topic, messages.to_vec()).await,
             Store::Postgres(s) => postgres::publish(s, topic, messages).await,
-        }
+        }?;
+        self.wakeups.wake(topic.as_str());
+        Ok(positions)
+    }
+
+    /// The publish wake-ups of this queue (and its clones).
+    pub fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
     }
 
     /// Publishes one message.

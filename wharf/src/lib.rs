@@ -52,6 +52,7 @@ pub mod declare;
 pub mod declarer;
 pub mod error;
 pub mod handler;
+mod publish_listener;
 mod runtime;
 
 use std::sync::Arc;
@@ -83,6 +84,7 @@ pub struct Wharf {
     queue_config: config::QueueConfig,
     declarer: DeclarerId,
     states: declare::GroupStates,
+    listener: Arc<publish_listener::PublishListener>,
 }
 
 impl Wharf {
@@ -110,6 +112,7 @@ impl Wharf {
             queue_config: config.queue.clone(),
             declarer: declarer::process_declarer(),
             states: declare::GroupStates::default(),
+            listener: Arc::default(),
         }
     }
 
@@ -211,7 +214,10 @@ impl Wharf {
     pub fn consume_with(&self, registration: Registration, handler: impl Handler) -> Consumer {
         let runtime = runtime::Runtime {
             queue: self.queue.clone(),
+            store: self.store.clone(),
+            listener: self.listener.clone(),
             group: registration.group.clone(),
+            topic: registration.topic.clone(),
             instance: self.declarer.to_string(),
             handler: Arc::new(handler),
             config: self.queue_config.clone(),

@@ -10,6 +10,10 @@
 //! `acker`), or nacked with the error text when it fails or panics. While a handler runs its
 //! claim is extended (`claim_keeper`), up to `queue.max_claim_hold`.
 //!
+//! An idle consumer (its last fetch came back empty) waits for `queue.poll_interval` or for a
+//! publish to its topic, whichever comes first (`publish_listener` brings other processes'
+//! publishes on Postgres).
+//!
 //! On shutdown the loop stops claiming and waits up to `queue.drain_timeout` for the running
 //! handlers, then aborts the rest: their claims expire after the visibility timeout and the
 //! messages are redelivered. Delivery is at least once throughout; an ack that finds its claim
@@ -26,14 +30,16 @@ use futures::FutureExt;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, error, info, warn, Instrument};
-use wharf_domain::GroupName;
+use wharf_domain::{GroupName, TopicName};
 use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue};
+use wharf_store::Store;
 
 use crate::acker::Acker;
 use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
 use crate::consumer::ConsumerState;
 use crate::handler::Handler;
+use crate::publish_listener::PublishListener;
 
 /// A snapshot of what a consumer's handlers have done so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -46,6 +52,8 @@ pub struct ConsumerStats {
     pub claims_lost: u64,
     /// Handlers running now.
     pub in_flight: u64,
+    /// Fetches made (claims asked of the queue), empty ones included.
+    pub fetches: u64,
 }
 
 /// The live counters behind [`ConsumerStats`].
@@ -55,6 +63,7 @@ pub(crate) struct Counters {
     handled_err: AtomicU64,
     claims_lost: AtomicU64,
     in_flight: AtomicU64,
+    fetches: AtomicU64,
 }
 
 impl Counters {
@@ -64,6 +73,7 @@ impl Counters {
             handled_err: self.handled_err.load(Ordering::Relaxed),
             claims_lost: self.claims_lost.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            fetches: self.fetches.load(Ordering::Relaxed),
         }
     }
 
@@ -107,7 +117,10 @@ struct Settle {
 /// Everything the claim loop needs.
 pub(crate) struct Runtime {
     pub queue: Queue,
+    pub store: Store,
+    pub listener: Arc<PublishListener>,
     pub group: GroupName,
+    pub topic: TopicName,
     pub instance: String,
     pub handler: Arc<dyn Handler>,
     pub config: QueueConfig,
@@ -125,6 +138,8 @@ impl Runtime {
         let slots = Arc::new(Semaphore::new(concurrency.clamp(1, Semaphore::MAX_PERMITS)));
         let claim_batch = usize::try_from(self.config.claim_batch.max(1)).unwrap_or(usize::MAX);
         let mut tasks = JoinSet::new();
+        self.listener.ensure(&self.queue, &self.store).await;
+        let mut published = self.queue.wakeups().subscribe(self.topic.as_str());
         let (acker, acking) = Acker::start(self.queue.clone());
         let settle = Settle {
             queue: self.queue.clone(),
@@ -153,7 +168,11 @@ impl Runtime {
             };
             let permits = gather_slots(&slots, first, claim_batch.min(concurrency)).await;
             let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
-            match self.queue.fetch(&self.group, &self.instance, wanted).await {
+            // Publishes from here on wake the idle wait below.
+            published.borrow_and_update();
+            let fetched = self.queue.fetch(&self.group, &self.instance, wanted).await;
+            Counters::bump(&self.counters.fetches);
+            match fetched {
                 Ok(messages) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
                     for (message, permit) in messages.into_iter().zip(permits) {
@@ -162,7 +181,15 @@ impl Runtime {
                 }
                 Ok(_) => {
                     drop(permits);
-                    let idle = tokio::time::sleep(self.config.poll_interval);
+                    // Until the poll interval passes or the topic sees a publish, whichever
+                    // comes first.
+                    let poll = self.config.poll_interval;
+                    let idle = async {
+                        tokio::select! {
+                            () = tokio::time::sleep(poll) => {}
+                            _ = published.changed() => {}
+                        }
+                    };
                     interruptible(idle, &mut stop, &mut state).await;
                 }
                 Err(e) => {

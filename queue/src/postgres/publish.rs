@@ -7,6 +7,7 @@ use wharf_store::PgStore;
 
 use crate::error::QueueError;
 use crate::message::OutgoingMessage;
+use crate::wakeups::PUBLISH_CHANNEL;
 
 /// Appends `messages` to `topic` in one transaction; returns their positions.
 pub(crate) async fn publish(
@@ -40,13 +41,18 @@ pub(crate) async fn publish(
     Ok(positions)
 }
 
-/// Advances the topic's head by `count` (creating the topic at 0) and returns the new head.
-/// The row stays locked until the caller's transaction ends.
+/// Advances the topic's head by `count` (creating the topic at 0), queues the publish
+/// notification (`wakeups::PUBLISH_CHANNEL`) and returns the new head. The row stays locked
+/// until the caller's transaction ends.
 async fn reserve(conn: &mut PgConnection, topic: &str, count: i64) -> Result<i64, QueueError> {
-    let bump = "UPDATE topic SET head = head + $2 WHERE name = $1 RETURNING head";
-    if let Some(head) = sqlx::query_scalar(bump)
+    // The notification is sent at commit (and dropped on rollback); identical ones within one
+    // transaction are folded into one by Postgres.
+    let bump = "UPDATE topic SET head = head + $2 WHERE name = $1 \
+         RETURNING head, pg_notify($3, current_schema() || ':' || $1)::text";
+    if let Some((head, _)) = sqlx::query_as::<_, (i64, String)>(bump)
         .bind(topic)
         .bind(count)
+        .bind(PUBLISH_CHANNEL)
         .fetch_optional(&mut *conn)
         .await?
     {
@@ -56,9 +62,11 @@ async fn reserve(conn: &mut PgConnection, topic: &str, count: i64) -> Result<i64
         .bind(topic)
         .execute(&mut *conn)
         .await?;
-    Ok(sqlx::query_scalar(bump)
+    let (head, _) = sqlx::query_as::<_, (i64, String)>(bump)
         .bind(topic)
         .bind(count)
+        .bind(PUBLISH_CHANNEL)
         .fetch_one(conn)
-        .await?)
+        .await?;
+    Ok(head)
 }
