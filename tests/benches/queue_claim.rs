@@ -24,7 +24,6 @@
 //! `WHARF_BENCH_BACKLOG_LOAD=sql` loads the backlogs with one `INSERT ... SELECT
 //! generate_series` plus a `topic.head` bump instead of `Queue::publish` in batches of 10k.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,23 +65,7 @@ async fn routed_claim_and_ack(queue: &Queue, expected: usize) -> ClaimRun {
             })
         })
         .collect();
-    let mut run = ClaimRun {
-        acked: 0,
-        elapsed: Duration::ZERO,
-        calls: 0,
-        empty_calls: 0,
-    };
-    let mut seen = HashSet::new();
-    for task in tasks {
-        let (positions, calls, empty) = task.await.expect("consumer task");
-        run.acked += positions.len();
-        run.calls += calls;
-        run.empty_calls += empty;
-        seen.extend(positions);
-    }
-    run.elapsed = start.elapsed();
-    assert_eq!(run.acked, expected, "every matching message acked once");
-    assert_eq!(seen.len(), expected, "no message acked twice");
+    let run = join_claim_tasks(tasks, start, expected).await;
     let stats = queue.group_stats(Some(&group())).await.unwrap();
     assert_eq!(stats[0].routed_lag, 0, "routed up to the head: {stats:?}");
     assert_eq!(stats[0].claimable + stats[0].in_flight, 0, "{stats:?}");

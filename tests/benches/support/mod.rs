@@ -260,6 +260,16 @@ pub async fn plain_claim_and_ack(store: &Store, n: usize) -> ClaimRun {
             })
         })
         .collect();
+    join_claim_tasks(tasks, start, n).await
+}
+
+/// Joins the consumer tasks of one timed loop, each returning (the ids or positions it acked,
+/// its claim calls, its empty calls), and checks that `expected` distinct ones were acked.
+pub async fn join_claim_tasks(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<i64>, usize, usize)>>,
+    start: Instant,
+    expected: usize,
+) -> ClaimRun {
     let mut run = ClaimRun {
         acked: 0,
         elapsed: Duration::ZERO,
@@ -268,14 +278,14 @@ pub async fn plain_claim_and_ack(store: &Store, n: usize) -> ClaimRun {
     };
     let mut seen = HashSet::new();
     for task in tasks {
-        let (ids, calls, empty) = task.await.expect("plain consumer task");
-        run.acked += ids.len();
+        let (acked, calls, empty) = task.await.expect("consumer task");
+        run.acked += acked.len();
         run.calls += calls;
         run.empty_calls += empty;
-        seen.extend(ids);
+        seen.extend(acked);
     }
     run.elapsed = start.elapsed();
-    assert_eq!(run.acked, n, "every plain row acked once");
-    assert_eq!(seen.len(), n, "no plain row acked twice");
+    assert_eq!(run.acked, expected, "every message acked once");
+    assert_eq!(seen.len(), expected, "no message acked twice");
     run
 }
