@@ -98,13 +98,13 @@ impl EffectiveBindings {
         let DeclarationEvent::Installed { attempt, previous } = event.decode()? else {
             return Ok(false);
         };
-        let group = statement.bind(attempt.group.as_str().to_owned())?;
+        let group = statement.bind(attempt.group.as_str())?;
         let patterns = statement.bind(attempt.patterns.patterns())?;
         let values = [
             group.clone(),
-            statement.bind(attempt.topic.as_str().to_owned())?,
-            statement.bind(attempt.declarer.as_str().to_owned())?,
-            statement.bind(attempt.version.as_str().to_owned())?,
+            statement.bind(attempt.topic.as_str())?,
+            statement.bind(attempt.declarer.as_str())?,
+            statement.bind(attempt.version.as_str())?,
             patterns.clone(),
             statement.bind(previous.as_ref().map(BindingSet::patterns))?,
             statement.bind(attempt.declared_at)?,

@@ -94,16 +94,6 @@ impl CteStatement {
         self.ctes.push(format!("{name} AS ({body})"));
     }
 
-    /// How many CTEs it holds.
-    pub fn len(&self) -> usize {
-        self.ctes.len()
-    }
-
-    /// True when it holds no CTE.
-    pub fn is_empty(&self) -> bool {
-        self.ctes.is_empty()
-    }
-
     /// The statement `WITH <ctes> <main>` and its arguments.
     pub fn finish(self, main: &str) -> (String, PgArguments) {
         let sql = if self.ctes.is_empty() {

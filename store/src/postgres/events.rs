@@ -47,10 +47,9 @@ pub async fn append_in_tx(
             event_type: &event.event_type,
             payload: &event.payload,
         };
-        let (sql, args) = insert_statement(projectors, &pending, event, &mut |projector| {
-            apply_after.push((offset, projector));
-        })?;
-        let row = sqlx::query_with(&sql, args)
+        let insert = insert_statement(projectors, &pending, event)?;
+        apply_after.extend(insert.deferred.into_iter().map(|p| (offset, p)));
+        let row = sqlx::query_with(&insert.sql, insert.args)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| conflict_or(e, aggregate_type, aggregate_id, sequence))?;
@@ -75,29 +74,36 @@ pub async fn append_in_tx(
     Ok(recorded)
 }
 
-/// The insert statement of one event with the fused projections; projectors that did not fuse
-/// are handed to `defer`, in order. The append lock is taken inside the insert, before the row
-/// (and its position) is formed: the same guarantee as [`lock_appends`], one round trip fewer.
-/// Re-taking it for a later event of the same append is a no-op.
+/// One event's insert statement with the fused projections.
+struct InsertStatement<'p> {
+    sql: String,
+    args: PgArguments,
+    /// The projectors that did not fuse, to apply after the insert, in order.
+    deferred: Vec<&'p Arc<dyn PgProjector>>,
+}
+
+/// Builds one event's insert statement, letting each projector fuse its writes. The append
+/// lock is taken inside the insert, before the row (and its position) is formed: the same
+/// guarantee as [`lock_appends`], one round trip fewer. Re-taking it for a later event of the
+/// same append is a no-op.
 fn insert_statement<'p>(
     projectors: &'p [Arc<dyn PgProjector>],
     pending: &EventRef<'_>,
     event: &NewEvent,
-    defer: &mut dyn FnMut(&'p Arc<dyn PgProjector>),
-) -> Result<(String, PgArguments), StoreError> {
+) -> Result<InsertStatement<'p>, StoreError> {
     let mut statement = CteStatement::default();
     statement.cte(
         "append_lock",
         "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events'))",
     );
     let values = [
-        statement.bind(pending.aggregate_type.to_owned())?,
-        statement.bind(pending.aggregate_id.to_owned())?,
+        statement.bind(pending.aggregate_type)?,
+        statement.bind(pending.aggregate_id)?,
         statement.bind(pending.sequence)?,
-        statement.bind(event.event_type.clone())?,
-        statement.bind(event.event_version.clone())?,
-        statement.bind(sqlx::types::Json(event.payload.clone()))?,
-        statement.bind(sqlx::types::Json(event.metadata.clone()))?,
+        statement.bind(event.event_type.as_str())?,
+        statement.bind(event.event_version.as_str())?,
+        statement.bind(sqlx::types::Json(&event.payload))?,
+        statement.bind(sqlx::types::Json(&event.metadata))?,
     ];
     statement.cte(
         "appended",
@@ -108,15 +114,21 @@ fn insert_statement<'p>(
             values.join(", ")
         ),
     );
+    let mut deferred = Vec::new();
     for projector in projectors {
         let fused = projector
             .fuse(pending, "(SELECT position FROM appended)", &mut statement)
             .map_err(|e| StoreError::in_projector(projector.name(), e))?;
         if !fused {
-            defer(projector);
+            deferred.push(projector);
         }
     }
-    Ok(statement.finish("SELECT position, recorded_at FROM appended"))
+    let (sql, args) = statement.finish("SELECT position, recorded_at FROM appended");
+    Ok(InsertStatement {
+        sql,
+        args,
+        deferred,
+    })
 }
 
 fn conflict_or(
