@@ -51,13 +51,14 @@ impl SqliteProjector for EffectiveBindings {
             return Ok(());
         };
         let group = attempt.group.as_str();
-        tx.execute("DELETE FROM binding WHERE group_name = ?1", [group])?;
+        tx.prepare_cached("DELETE FROM binding WHERE group_name = ?1")?
+            .execute([group])?;
         let mut insert =
             tx.prepare_cached("INSERT INTO binding (group_name, pattern) VALUES (?1, ?2)")?;
         for pattern in attempt.patterns.filters() {
             insert.execute(params![group, pattern.as_str()])?;
         }
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
              previous, declared_at, attempt_at, position, installs) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1) \
@@ -66,18 +67,18 @@ impl SqliteProjector for EffectiveBindings {
              previous = excluded.previous, declared_at = excluded.declared_at, \
              attempt_at = excluded.attempt_at, position = excluded.position, \
              installs = effective_declaration.installs + 1",
-            params![
-                group,
-                attempt.topic.as_str(),
-                attempt.declarer.as_str(),
-                attempt.version.as_str(),
-                json_patterns(&attempt.patterns),
-                previous.as_ref().map(json_patterns),
-                attempt.declared_at.timestamp_micros(),
-                attempt.attempt_at.timestamp_micros(),
-                event.position,
-            ],
-        )?;
+        )?
+        .execute(params![
+            group,
+            attempt.topic.as_str(),
+            attempt.declarer.as_str(),
+            attempt.version.as_str(),
+            json_patterns(&attempt.patterns),
+            previous.as_ref().map(json_patterns),
+            attempt.declared_at.timestamp_micros(),
+            attempt.attempt_at.timestamp_micros(),
+            event.position,
+        ])?;
         Ok(())
     }
 }

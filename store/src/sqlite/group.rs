@@ -24,18 +24,20 @@ impl SqliteStore {
         self.write_or_rollback(move |ctx| {
             let tx = ctx.tx;
             let now = ctx.now.timestamp_micros();
-            tx.execute(
+            // Cached statements throughout: this is the register hot path, and compiling SQL
+            // costs about as much here as the statements themselves.
+            tx.prepare_cached(
                 "INSERT OR IGNORE INTO consumer_group (group_name, topic, created_at, routed_position) \
                  VALUES (?1, ?2, ?3, COALESCE((SELECT head FROM topic WHERE name = ?2), 0))",
-                params![lock.group, lock.topic, now],
-            )?;
+            )?
+            .execute(params![lock.group, lock.topic, now])?;
             let events = load_after_in_tx(tx, GROUP_AGGREGATE, &lock.group, lock.after_sequence)?;
-            let stream_head: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(sequence), 0) FROM events \
-                 WHERE aggregate_type = ?1 AND aggregate_id = ?2",
-                params![GROUP_AGGREGATE, lock.group],
-                |row| row.get(0),
-            )?;
+            let stream_head: i64 = tx
+                .prepare_cached(
+                    "SELECT COALESCE(MAX(sequence), 0) FROM events \
+                     WHERE aggregate_type = ?1 AND aggregate_id = ?2",
+                )?
+                .query_row(params![GROUP_AGGREGATE, lock.group], |row| row.get(0))?;
             let ttl = i64::try_from(lock.instance_ttl.as_micros()).unwrap_or(i64::MAX);
             let live_instances = live_instances(tx, &lock.group, now.saturating_sub(ttl))?;
             let snapshot = GroupSnapshot {
@@ -164,12 +166,13 @@ fn upsert_instance(
     heartbeat: &Heartbeat,
     now: i64,
 ) -> Result<(), StoreError> {
-    tx.execute(
+    tx.prepare_cached(
         "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
          ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
          version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
-        params![
+    )?
+    .execute(params![
             lock.group,
             heartbeat.declarer,
             lock.topic,

@@ -229,6 +229,9 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // Room for every statement the writer runs (declarations, queue, retention) to stay
+    // compiled; rusqlite's default of 16 would evict hot-path statements.
+    conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
 }
 
