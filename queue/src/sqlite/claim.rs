@@ -143,10 +143,10 @@ fn bury(
            last_error = excluded.last_error, dead_at = excluded.dead_at",
         params![group.as_str(), position, token, now, uncount],
     )?;
-    tx.execute(
+    tx.prepare_cached(
         "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-        params![group.as_str(), position, token],
-    )?;
+    )?
+    .execute(params![group.as_str(), position, token])?;
     Ok(())
 }
 
@@ -160,10 +160,13 @@ pub(crate) async fn ack(
     let group = group.clone();
     Ok(store
         .write(move |ctx| {
-            let done = ctx.tx.execute(
-                "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-                params![group.as_str(), position, token],
-            )?;
+            let done = ctx
+                .tx
+                .prepare_cached(
+                    "DELETE FROM delivery \
+                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+                )?
+                .execute(params![group.as_str(), position, token])?;
             Ok(if done == 1 {
                 AckOutcome::Acked
             } else {
@@ -207,11 +210,13 @@ pub(crate) async fn extend(
     Ok(store
         .write(move |ctx| {
             let visible_at = ctx.now.timestamp_micros().saturating_add(by);
-            let done = ctx.tx.execute(
-                "UPDATE delivery SET visible_at = ?4 \
-                 WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-                params![group.as_str(), position, token, visible_at],
-            )?;
+            let done = ctx
+                .tx
+                .prepare_cached(
+                    "UPDATE delivery SET visible_at = ?4 \
+                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+                )?
+                .execute(params![group.as_str(), position, token, visible_at])?;
             Ok(if done == 1 {
                 ExtendOutcome::Extended {
                     visible_at: from_micros(visible_at),
@@ -257,11 +262,12 @@ pub(crate) async fn nack(
                 return Ok(NackOutcome::DeadLettered);
             }
             let visible_at = now + micros(settings.backoff(attempts));
-            ctx.tx.execute(
-                "UPDATE delivery SET visible_at = ?3, claimed_by = NULL, claim_token = NULL \
-                 WHERE group_name = ?1 AND position = ?2",
-                params![group.as_str(), position, visible_at],
-            )?;
+            ctx.tx
+                .prepare_cached(
+                    "UPDATE delivery SET visible_at = ?3, claimed_by = NULL, claim_token = NULL \
+                     WHERE group_name = ?1 AND position = ?2",
+                )?
+                .execute(params![group.as_str(), position, visible_at])?;
             Ok(NackOutcome::Retrying {
                 visible_at: from_micros(visible_at),
             })
@@ -329,10 +335,11 @@ pub(crate) async fn replay_dead_letter(
                  FROM dead_letter x WHERE x.group_name = ?1 AND x.position = ?2",
                 params![group.as_str(), position, now],
             )?;
-            ctx.tx.execute(
-                "DELETE FROM dead_letter WHERE group_name = ?1 AND position = ?2",
-                params![group.as_str(), position],
-            )?;
+            ctx.tx
+                .prepare_cached(
+                    "DELETE FROM dead_letter WHERE group_name = ?1 AND position = ?2",
+                )?
+                .execute(params![group.as_str(), position])?;
             Ok(restored == 1)
         })
         .await?)

@@ -26,15 +26,15 @@ pub(crate) async fn publish(
     Ok(store
         .write(move |ctx| {
             let now = ctx.now.timestamp_micros();
-            ctx.tx.execute(
-                "INSERT OR IGNORE INTO topic (name, head, created_at) VALUES (?1, 0, ?2)",
-                params![topic, now],
-            )?;
-            let head: i64 = ctx.tx.query_row(
-                "UPDATE topic SET head = head + ?2 WHERE name = ?1 RETURNING head",
-                params![topic, messages.len() as i64],
-                |row| row.get(0),
-            )?;
+            ctx.tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO topic (name, head, created_at) VALUES (?1, 0, ?2)",
+                )?
+                .execute(params![topic, now])?;
+            let head: i64 = ctx
+                .tx
+                .prepare_cached("UPDATE topic SET head = head + ?2 WHERE name = ?1 RETURNING head")?
+                .query_row(params![topic, messages.len() as i64], |row| row.get(0))?;
             let first = head - messages.len() as i64 + 1;
             let mut insert = ctx.tx.prepare_cached(
                 "INSERT INTO message (topic, position, subject, payload, headers, published_at) \
@@ -125,10 +125,10 @@ pub(crate) async fn route(
                     routed_count += 1;
                 }
             }
-            tx.execute(
+            tx.prepare_cached(
                 "UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1",
-                params![group.as_str(), last],
-            )?;
+            )?
+            .execute(params![group.as_str(), last])?;
             Ok(Ok(RouteReport {
                 scanned: slice.len() as u64,
                 routed: routed_count,
