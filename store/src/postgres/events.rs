@@ -327,6 +327,18 @@ impl PgStore {
         projector: Arc<dyn PgProjector>,
         batch: i64,
     ) -> Result<u64, StoreError> {
+        // An unlocked look first: with nothing new (the common case for reads that catch up
+        // before they answer), no transaction and no checkpoint row lock at all.
+        let behind: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM events WHERE position > COALESCE( \
+               (SELECT position FROM projection_checkpoint WHERE projector = $1), 0))",
+        )
+        .bind(projector.name())
+        .fetch_one(&self.pool)
+        .await?;
+        if !behind {
+            return Ok(0);
+        }
         let mut applied = 0u64;
         loop {
             let mut tx = self.pool.begin().await?;

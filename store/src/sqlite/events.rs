@@ -278,6 +278,22 @@ impl SqliteStore {
         projector: Arc<dyn SqliteProjector>,
         batch: i64,
     ) -> Result<u64, StoreError> {
+        // A look on a reader connection first: with nothing new (the common case for reads
+        // that catch up before they answer), the writer is not taken at all.
+        let name = projector.name();
+        let behind = self
+            .read(move |conn| {
+                Ok(conn
+                    .prepare_cached(
+                        "SELECT EXISTS (SELECT 1 FROM events WHERE position > COALESCE( \
+                           (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0))",
+                    )?
+                    .query_row([name], |row| row.get::<_, bool>(0))?)
+            })
+            .await?;
+        if !behind {
+            return Ok(0);
+        }
         let mut applied = 0u64;
         loop {
             let projector = projector.clone();

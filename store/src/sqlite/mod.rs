@@ -3,19 +3,22 @@
 //! One writer connection serializes every write transaction (`BEGIN IMMEDIATE`), so the global
 //! position is commit order and catch-up can page by position without skipping anything.
 //! Readers use their own connections (WAL mode). All rusqlite calls run on tokio's blocking pool.
-//! The store's clock is this process's clock, read under the writer lock and kept monotonic.
+//! The store's clock is this process's clock in microseconds, kept monotonic; writes read it
+//! under the writer lock, so their times follow commit order.
 
 mod events;
 mod group;
 mod rebuild;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
 use crate::error::StoreError;
+use crate::event::from_micros;
 use crate::migrate;
 use crate::projector::SqliteProjector;
 
@@ -32,12 +35,36 @@ struct Inner {
     writer: Mutex<Writer>,
     readers: Mutex<Vec<Connection>>,
     projectors: Vec<Arc<dyn SqliteProjector>>,
+    clock: Clock,
 }
 
-/// The writer connection and the last time it handed out, for a monotonic clock.
+/// The writer connection.
 struct Writer {
     conn: Connection,
-    last_now: DateTime<Utc>,
+}
+
+/// The store's clock: the process clock in microseconds (what SQLite stores), never repeating
+/// or going backwards across calls. A write reads it under the writer lock, so its times are
+/// in commit order; a read (`now`) needs no lock at all.
+struct Clock {
+    last_micros: AtomicI64,
+}
+
+impl Clock {
+    fn tick(&self) -> DateTime<Utc> {
+        let wall = Utc::now().timestamp_micros();
+        let mut last = self.last_micros.load(Ordering::SeqCst);
+        loop {
+            let next = wall.max(last.saturating_add(1));
+            match self
+                .last_micros
+                .compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return from_micros(next),
+                Err(seen) => last = seen,
+            }
+        }
+    }
 }
 
 /// What a write closure gets: the transaction, the store's time, and the inline projectors.
@@ -66,12 +93,12 @@ impl SqliteStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
-                writer: Mutex::new(Writer {
-                    conn,
-                    last_now: DateTime::<Utc>::MIN_UTC,
-                }),
+                writer: Mutex::new(Writer { conn }),
                 readers: Mutex::new(Vec::new()),
                 projectors,
+                clock: Clock {
+                    last_micros: AtomicI64::new(i64::MIN),
+                },
             }),
         })
     }
@@ -162,7 +189,7 @@ impl SqliteStore {
         let inner = self.inner.clone();
         blocking(move || {
             let mut writer = lock(&inner.writer);
-            let now = writer.tick();
+            let now = inner.clock.tick();
             let tx = writer
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -205,17 +232,7 @@ impl SqliteStore {
 
     /// The store's current time.
     pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
-        let inner = self.inner.clone();
-        blocking(move || Ok(lock(&inner.writer).tick())).await
-    }
-}
-
-impl Writer {
-    /// The process clock, never going backwards across calls.
-    fn tick(&mut self) -> DateTime<Utc> {
-        let now = Utc::now().max(self.last_now + Duration::microseconds(1));
-        self.last_now = now;
-        now
+        Ok(self.inner.clock.tick())
     }
 }
 
