@@ -17,7 +17,7 @@ use wharf_store::{
 };
 
 /// Decodes a declaration event, or `None` for events of other aggregates.
-fn declaration(event: &RecordedEvent) -> Result<Option<DeclarationEvent>, StoreError> {
+fn declaration(event: &EventRef<'_>) -> Result<Option<DeclarationEvent>, StoreError> {
     if event.aggregate_type != AGGREGATE_TYPE {
         return Ok(None);
     }
@@ -47,7 +47,8 @@ impl SqliteProjector for EffectiveBindings {
     }
 
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
-        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
+        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(&event.as_ref())?
+        else {
             return Ok(());
         };
         let group = attempt.group.as_str();
@@ -93,10 +94,7 @@ impl EffectiveBindings {
         position: &str,
         statement: &mut CteStatement,
     ) -> Result<bool, StoreError> {
-        if event.aggregate_type != AGGREGATE_TYPE {
-            return Ok(false);
-        }
-        let DeclarationEvent::Installed { attempt, previous } = event.decode()? else {
+        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
             return Ok(false);
         };
         let group = statement.bind(attempt.group.as_str())?;
@@ -220,7 +218,7 @@ impl SqliteProjector for DeclarerAttempts {
     }
 
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
-        let Some(declared) = declaration(event)? else {
+        let Some(declared) = declaration(&event.as_ref())? else {
             return Ok(());
         };
         let row = attempt_row(&declared);
@@ -274,7 +272,7 @@ impl PgProjector for DeclarerAttempts {
         conn: &mut PgConnection,
         event: &RecordedEvent,
     ) -> Result<(), StoreError> {
-        let Some(declared) = declaration(event)? else {
+        let Some(declared) = declaration(&event.as_ref())? else {
             return Ok(());
         };
         let row = attempt_row(&declared);
