@@ -175,6 +175,8 @@ impl From<QueueError> for ApiError {
                 Self::not_found(format!("group {group:?} was never declared"))
             }
             QueueError::Store(e) => e.into(),
+            // The read-only API never claims; a fence here is a bug, not the client's fault.
+            fenced @ QueueError::Fenced { .. } => Self::Internal(Box::new(fenced)),
         }
     }
 }

@@ -12,6 +12,20 @@ pub enum QueueError {
     /// The group has never been declared, so it has no binding set to route with.
     #[error("consumer group {0:?} has no declaration; register it first")]
     UnknownGroup(String),
+    /// A fenced claim found that the group's install has moved on from the one the instance
+    /// joined: it must re-declare before it claims again.
+    #[error(
+        "consumer group {group:?} is no longer under install {joined} (now {current:?}); \
+         re-declare before claiming"
+    )]
+    Fenced {
+        /// The group.
+        group: String,
+        /// The install the instance joined.
+        joined: i64,
+        /// The install in effect now (`None`: the group has no declaration any more).
+        current: Option<i64>,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

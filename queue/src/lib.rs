@@ -28,7 +28,7 @@ use wharf_store::Store;
 
 pub use error::QueueError;
 pub use message::{
-    validate_batch, AckOutcome, Claimed, DeadLetter, ExtendOutcome, GroupQueueStats, Headers,
+    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome, GroupQueueStats, Headers,
     NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
 };
 pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
@@ -126,13 +126,35 @@ impl Queue {
         }
     }
 
+    /// The install in effect for `group` (the ledger position of its `Installed` event and its
+    /// set), or `None` for a group never declared.
+    pub async fn effective_install(
+        &self,
+        group: &GroupName,
+    ) -> Result<Option<EffectiveInstall>, QueueError> {
+        match &self.store {
+            Store::Sqlite(s) => sqlite::effective_install(s, group).await,
+            Store::Postgres(s) => postgres::effective_install(s, group).await,
+        }
+    }
+
     /// Claims up to `max` claimable messages without routing first. Messages that used their
     /// attempts while their claims expired go to the dead letters on the way and do not count
-    /// against `max`.
+    /// against `max`. Only messages routed under the install in effect are handed out.
     pub async fn claim(
         &self,
         group: &GroupName,
         instance: &str,
+        max: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        self.claim_fenced(group, instance, None, max).await
+    }
+
+    async fn claim_fenced(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        fence: Option<i64>,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
         let max = i64::from(max.max(1));
@@ -141,10 +163,10 @@ impl Queue {
             let wanted = max - claimed.len() as i64;
             let (mut got, buried) = match &self.store {
                 Store::Sqlite(s) => {
-                    sqlite::claim(s, &self.settings, group, instance, wanted).await?
+                    sqlite::claim(s, &self.settings, group, instance, wanted, fence).await?
                 }
                 Store::Postgres(s) => {
-                    postgres::claim(s, &self.settings, group, instance, wanted).await?
+                    postgres::claim(s, &self.settings, group, instance, wanted, fence).await?
                 }
             };
             claimed.append(&mut got);
@@ -167,11 +189,50 @@ impl Queue {
         instance: &str,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
+        self.fetch_inner(group, instance, None, max).await
+    }
+
+    /// Like [`fetch`](Self::fetch) for an instance that joined the group under the install at
+    /// ledger position `install`: once the group's install has moved on, nothing is claimed and
+    /// the call fails with [`QueueError::Fenced`], so the instance re-declares before it
+    /// claims again (an instance only handles messages of the set it declared).
+    pub async fn fetch_fenced(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        install: i64,
+        max: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        self.fetch_inner(group, instance, Some(install), max).await
+    }
+
+    async fn fetch_inner(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        fence: Option<i64>,
+        max: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
         let max = max.max(1);
-        let mut claimed = self.claim(group, instance, max).await?;
+        let mut claimed = self.claim_fenced(group, instance, fence, max).await?;
         let wanted = max - claimed.len() as u32;
         if wanted == 0 {
             return Ok(claimed);
+        }
+        if let Some(joined) = fence {
+            // A short claim may be short because the install moved on: say so rather than
+            // route for a set this instance no longer holds.
+            let current = self.effective_install(group).await?.map(|i| i.position);
+            if current != Some(joined) {
+                if claimed.is_empty() {
+                    return Err(QueueError::Fenced {
+                        group: group.to_string(),
+                        joined,
+                        current,
+                    });
+                }
+                return Ok(claimed);
+            }
         }
         let (mut routed, mut busy) = (0u64, false);
         for _ in 0..MAX_ROUTE_STEPS_PER_FETCH {
@@ -187,7 +248,7 @@ impl Queue {
         }
         // Another instance routing right now is likely to have made deliveries too.
         if routed > 0 || busy {
-            claimed.append(&mut self.claim(group, instance, wanted).await?);
+            claimed.append(&mut self.claim_fenced(group, instance, fence, wanted).await?);
         }
         Ok(claimed)
     }

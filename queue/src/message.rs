@@ -167,6 +167,15 @@ impl QueueSettings {
     }
 }
 
+/// The install in effect for a group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectiveInstall {
+    /// The ledger position of the `Installed` event: the install's identity.
+    pub position: i64,
+    /// Its binding set's patterns (empty = the whole topic).
+    pub patterns: Vec<String>,
+}
+
 /// What a routing step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RouteReport {

@@ -36,19 +36,31 @@ pub(crate) async fn claim(
     group: &GroupName,
     instance: &str,
     max: i64,
+    fence: Option<i64>,
 ) -> Result<(Vec<Claimed>, usize), QueueError> {
     let token: i64 = rand::random();
     // One autocommit statement: the picked rows are locked SKIP LOCKED inside it, and
     // `ANY(ARRAY(...))` keeps an index scan even when Postgres switches the prepared statement
     // to a generic plan.
+    //
+    // Only deliveries stamped with the install in effect are claimable (ADR 0014): a swap
+    // leaves the older ones to the router, which re-stamps what the new set matches and sets
+    // the rest aside. With a fence, nothing is claimable once the install has moved on from
+    // the one the caller joined. The row lock re-checks `routed_by` on a row re-stamped after
+    // the statement's snapshot.
     let rows: Vec<ClaimRow> = sqlx::query_as(
-        "WITH claimed AS ( \
+        "WITH g AS ( \
+           SELECT g.claim_floor, e.position AS install FROM consumer_group g \
+           JOIN effective_declaration e ON e.group_name = g.group_name \
+           WHERE g.group_name = $1 AND ($6::bigint IS NULL OR e.position = $6)), \
+         claimed AS ( \
            UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
              visible_at = clock_timestamp() + make_interval(secs => $5) \
            WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
              SELECT position FROM delivery \
              WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-               AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
+               AND position >= (SELECT claim_floor FROM g) \
+               AND routed_by = (SELECT install FROM g) \
              ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
            RETURNING d.topic, d.position, d.attempts, d.routed_by) \
          SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \
@@ -61,6 +73,7 @@ pub(crate) async fn claim(
     .bind(instance)
     .bind(token)
     .bind(settings.visibility_timeout.as_secs_f64())
+    .bind(fence)
     // Planned on every call, never cached: a plan chosen while `delivery` was small (a
     // sequential scan and sort) would otherwise stay in the connection's cache as the table
     // grows, and a claim's cost would grow with it. Planning costs ~0.1 ms.

@@ -10,7 +10,7 @@ use wharf_store::PgStore;
 
 use crate::error::QueueError;
 use crate::matchers::Matchers;
-use crate::message::RouteReport;
+use crate::message::{EffectiveInstall, RouteReport};
 
 /// Routes up to `batch` log positions for `group`.
 pub(crate) async fn route(
@@ -141,4 +141,18 @@ async fn busy_or_unknown(
     } else {
         Err(QueueError::UnknownGroup(group.to_string()))
     }
+}
+
+/// The install in effect for `group`.
+pub(crate) async fn effective_install(
+    store: &PgStore,
+    group: &GroupName,
+) -> Result<Option<EffectiveInstall>, QueueError> {
+    let row: Option<(i64, Vec<String>)> = sqlx::query_as(
+        "SELECT position, patterns FROM effective_declaration WHERE group_name = $1",
+    )
+    .bind(group.as_str())
+    .fetch_optional(store.pool())
+    .await?;
+    Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
 }

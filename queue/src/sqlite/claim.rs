@@ -23,6 +23,7 @@ pub(crate) async fn claim(
     group: &GroupName,
     instance: &str,
     max: i64,
+    fence: Option<i64>,
 ) -> Result<(Vec<Claimed>, usize), QueueError> {
     let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
     if !anything_claimable(store, &group).await? {
@@ -36,7 +37,10 @@ pub(crate) async fn claim(
                 "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
                    visible_at = ?4 + ?5 \
                  WHERE group_name = ?1 AND position IN (SELECT position FROM delivery \
-                   WHERE group_name = ?1 AND visible_at <= ?4 ORDER BY position LIMIT ?6) \
+                   WHERE group_name = ?1 AND visible_at <= ?4 \
+                     AND routed_by = (SELECT position FROM effective_declaration \
+                       WHERE group_name = ?1 AND (?7 IS NULL OR position = ?7)) \
+                   ORDER BY position LIMIT ?6) \
                  RETURNING topic, position, attempts, routed_by",
             )?;
             let mut picked = claim
@@ -47,7 +51,8 @@ pub(crate) async fn claim(
                         token,
                         now,
                         micros(settings.visibility_timeout),
-                        max
+                        max,
+                        fence
                     ],
                     |row| {
                         Ok((

@@ -10,7 +10,9 @@ use wharf_store::SqliteStore;
 
 use crate::error::QueueError;
 use crate::matchers::Matchers;
-use crate::message::{GroupQueueStats, OutgoingMessage, RetentionReport, RouteReport, TopicStats};
+use crate::message::{
+    EffectiveInstall, GroupQueueStats, OutgoingMessage, RetentionReport, RouteReport, TopicStats,
+};
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -290,4 +292,29 @@ pub(crate) async fn group_stats(
             Ok(rows)
         })
         .await?)
+}
+
+/// The install in effect for `group`.
+pub(crate) async fn effective_install(
+    store: &SqliteStore,
+    group: &GroupName,
+) -> Result<Option<EffectiveInstall>, QueueError> {
+    let group = group.clone();
+    let row: Option<(i64, String)> = store
+        .read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT position, patterns FROM effective_declaration WHERE group_name = ?1",
+                )?
+                .query_row([group.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()?)
+        })
+        .await?;
+    row.map(|(position, patterns)| {
+        Ok(EffectiveInstall {
+            position,
+            patterns: serde_json::from_str(&patterns)?,
+        })
+    })
+    .transpose()
 }

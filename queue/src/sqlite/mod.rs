@@ -6,7 +6,7 @@ mod claim;
 mod log;
 
 pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
-pub(crate) use log::{group_stats, publish, retain, route, topic_stats};
+pub(crate) use log::{effective_install, group_stats, publish, retain, route, topic_stats};
 
 fn headers_from(text: &str) -> crate::message::Headers {
     serde_json::from_str(text).unwrap_or_default()
