@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::openapi::OPENAPI_JSON;
 use crate::params;
 use crate::state::ApiState;
-use crate::views::{DeadLetterPage, GroupDetail, GroupList, TopicList};
+use crate::views::{DeadLetterPage, GroupDetail, GroupList, SwapList, TopicList};
 
 /// `GET`: every topic's head and size.
 pub const TOPICS_PATH: &str = "/api/v1/topics";
@@ -26,6 +26,8 @@ pub const GROUP_PATH: &str = "/api/v1/groups/{group}";
 pub const DECLARATIONS_PATH: &str = "/api/v1/groups/{group}/declarations";
 /// `GET`: a page of one group's dead letters.
 pub const DEAD_LETTERS_PATH: &str = "/api/v1/groups/{group}/dead-letters";
+/// `GET`: what each install applied by the group's routing did (newest first).
+pub const SWAPS_PATH: &str = "/api/v1/groups/{group}/swaps";
 /// `GET`: the OpenAPI document.
 pub const OPENAPI_PATH: &str = "/api/v1/openapi.json";
 /// `GET`: liveness.
@@ -42,6 +44,7 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (GROUP_PATH, get(one_group)),
         (DECLARATIONS_PATH, get(declarations)),
         (DEAD_LETTERS_PATH, get(dead_letters)),
+        (SWAPS_PATH, get(swaps)),
         (OPENAPI_PATH, get(openapi)),
         (HEALTHZ_PATH, get(healthz)),
         (READYZ_PATH, get(readyz)),
@@ -105,6 +108,22 @@ async fn dead_letters(
         .dead_letters(&group, page.after, i64::from(page.limit))
         .await?;
     Ok(Json(DeadLetterPage::new(letters, page.limit)))
+}
+
+/// The installs the group's routing applied, newest first: what each swap kept claimable, set
+/// aside and restored, and the log range it rescanned (ADR 0014).
+async fn swaps(
+    State(state): State<ApiState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<SwapList>, ApiError> {
+    let group = group_name(path)?;
+    let Query(pairs) =
+        query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
+    let limit = params::swaps_limit(&pairs)?;
+    ensure_declared(&state, &group).await?;
+    let swaps = state.queue().swaps(&group, i64::from(limit)).await?;
+    Ok(Json(SwapList { swaps }))
 }
 
 /// A 404 unless the group has an effective declaration (a single read; no view is built).

@@ -1,4 +1,4 @@
-//! Parsing the query parameters of the paged listings (declarations and dead letters).
+//! Parsing the query parameters of the paged listings (declarations, dead letters, swaps).
 //!
 //! Done by hand rather than by a typed `Query` extractor, so that every refusal is the JSON
 //! error body naming the parameter and the value it had, and so that unknown or repeated
@@ -16,6 +16,12 @@ pub const HISTORY_PARAMS: &[&str] = &["since", "until", "declarer", "after", "li
 
 /// The query parameters `GET /api/v1/groups/{group}/dead-letters` understands.
 pub const DEAD_LETTER_PARAMS: &[&str] = &["after", "limit"];
+
+/// The query parameters `GET /api/v1/groups/{group}/swaps` understands.
+pub const SWAP_PARAMS: &[&str] = &["limit"];
+
+/// How many swaps `GET /api/v1/groups/{group}/swaps` lists when `limit` is not given.
+pub const DEFAULT_SWAPS: u32 = 20;
 
 /// How many entries a page holds when `limit` is not given.
 pub const DEFAULT_LIMIT: u32 = 100;
@@ -91,6 +97,15 @@ pub fn dead_letter_query(pairs: &[(String, String)]) -> Result<DeadLetterQuery, 
         }
     }
     Ok(query)
+}
+
+/// The number of swaps to list, from the raw `(name, value)` pairs of the query string.
+pub fn swaps_limit(pairs: &[(String, String)]) -> Result<u32, ApiError> {
+    let mut wanted = DEFAULT_SWAPS;
+    for (known, value) in known_params(pairs, SWAP_PARAMS)? {
+        wanted = limit(known, value, MAX_DEAD_LETTER_PAGE)?;
+    }
+    Ok(wanted)
 }
 
 /// Pairs each parameter with its name from `known`, refusing unknown names and names given

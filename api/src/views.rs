@@ -9,7 +9,7 @@ use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use wharf_projections::GroupView;
-use wharf_queue::{DeadLetter, GroupQueueStats, Headers, TopicStats};
+use wharf_queue::{DeadLetter, GroupQueueStats, Headers, SwapRecord, TopicStats};
 
 /// A group as the group endpoints answer it: its declaration view with a `queue` object beside
 /// the view's own fields.
@@ -20,6 +20,13 @@ pub struct GroupDetail {
     pub view: GroupView,
     /// The group's queue figures.
     pub queue: GroupQueue,
+}
+
+/// The body of `GET /api/v1/groups/{group}/swaps`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwapList {
+    /// Newest install first.
+    pub swaps: Vec<SwapRecord>,
 }
 
 /// A group's queue figures: [`GroupQueueStats`] without its `group` and `topic`, which the
@@ -43,6 +50,11 @@ pub struct GroupQueue {
     /// Seconds since the oldest routed but unacked message was published; `None` when there is
     /// none.
     pub oldest_unacked_seconds: Option<f64>,
+    /// Unacked messages set aside by swaps: the effective set does not match them, so they are
+    /// not claimable while it is in effect (a rollback to a set that matches them restores them).
+    pub set_aside: i64,
+    /// Log positions the effective install still has to rescan after its swap.
+    pub rescan_remaining: i64,
 }
 
 impl From<GroupQueueStats> for GroupQueue {
@@ -55,6 +67,8 @@ impl From<GroupQueueStats> for GroupQueue {
             backing_off: stats.backing_off,
             dead_letters: stats.dead_letters,
             oldest_unacked_seconds: stats.oldest_unacked_seconds,
+            set_aside: stats.set_aside,
+            rescan_remaining: stats.rescan_remaining,
         }
     }
 }
@@ -206,6 +220,8 @@ mod tests {
             backing_off: 0,
             dead_letters: 3,
             oldest_unacked_seconds: Some(1.5),
+            set_aside: 2,
+            rescan_remaining: 0,
         }
     }
 
@@ -219,7 +235,8 @@ mod tests {
             body["queue"],
             json!({
                 "routed_position": 7, "routed_lag": 2, "claimable": 4, "in_flight": 1,
-                "backing_off": 0, "dead_letters": 3, "oldest_unacked_seconds": 1.5
+                "backing_off": 0, "dead_letters": 3, "oldest_unacked_seconds": 1.5,
+                "set_aside": 2, "rescan_remaining": 0
             })
         );
     }

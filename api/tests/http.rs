@@ -279,6 +279,8 @@ fn idle_queue(routed_position: i64, routed_lag: i64) -> Value {
         "backing_off": 0,
         "dead_letters": 0,
         "oldest_unacked_seconds": null,
+        "set_aside": 0,
+        "rescan_remaining": 0,
     })
 }
 
@@ -706,6 +708,8 @@ async fn queue_listing(store: Store) {
             "backing_off": 0,
             "dead_letters": 2,
             "oldest_unacked_seconds": null,
+            "set_aside": 0,
+            "rescan_remaining": 0,
         }),
         "{group}"
     );

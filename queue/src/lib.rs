@@ -14,6 +14,7 @@
 //! the declaration transaction wrote, and matches with `wharf-domain`'s trie.
 
 pub mod error;
+mod generations;
 mod matchers;
 pub mod message;
 mod postgres;
@@ -28,8 +29,9 @@ use wharf_store::Store;
 
 pub use error::QueueError;
 pub use message::{
-    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome, GroupQueueStats, Headers,
-    NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
+    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
+    GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings, RetentionReport,
+    RouteReport, SwapRecord, SwapReport, TopicStats,
 };
 pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
 
@@ -239,7 +241,7 @@ impl Queue {
             let report = self.route(group).await?;
             routed += report.routed;
             busy = report.busy;
-            if report.busy || (report.scanned as i64) < self.settings.route_batch {
+            if !report.more(self.settings.route_batch) {
                 break;
             }
             if routed >= u64::from(wanted) {
@@ -355,6 +357,20 @@ impl Queue {
         match &self.store {
             Store::Sqlite(s) => sqlite::replay_dead_letter(s, group, position).await,
             Store::Postgres(s) => postgres::replay_dead_letter(s, group, position).await,
+        }
+    }
+
+    /// The installs the group's routing applied, newest first (at most `limit`, clamped to
+    /// 1..=1000): what each swap kept, set aside, restored and rescanned.
+    pub async fn swaps(
+        &self,
+        group: &GroupName,
+        limit: i64,
+    ) -> Result<Vec<SwapRecord>, QueueError> {
+        let limit = limit.clamp(1, 1_000);
+        match &self.store {
+            Store::Sqlite(s) => sqlite::swaps(s, group, limit).await,
+            Store::Postgres(s) => postgres::swaps(s, group, limit).await,
         }
     }
 

@@ -179,14 +179,46 @@ pub struct EffectiveInstall {
 /// What a routing step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RouteReport {
-    /// Log positions examined.
+    /// New log positions examined (forward routing).
     pub scanned: u64,
-    /// Of those, routed to the group (matched its set).
+    /// Older log positions examined again under a new install (ADR 0014).
+    pub rescanned: u64,
+    /// Of all those, routed to the group (deliveries made).
     pub routed: u64,
+    /// True while a new install's rescan has more to do.
+    pub rescan_pending: bool,
     /// The group's routing cursor afterwards.
     pub position: i64,
     /// True when another instance was routing this group, so this step did nothing.
     pub busy: bool,
+    /// What applying a new install did, when this step was the first after a swap.
+    pub swap: Option<SwapReport>,
+}
+
+impl RouteReport {
+    /// True when another step right away would find more to route: a full forward batch, or
+    /// a rescan not finished.
+    pub fn more(&self, batch: i64) -> bool {
+        !self.busy && (self.scanned as i64 >= batch || self.rescan_pending)
+    }
+}
+
+/// What applying a group's new install to its routing did (ADR 0014).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct SwapReport {
+    /// The install applied (its ledger position).
+    pub install: i64,
+    /// Unacked deliveries of earlier installs that the new set matches: still claimable.
+    pub kept: u64,
+    /// Unacked deliveries of earlier installs that the new set does not match: set aside, not
+    /// claimable while it is in effect.
+    pub set_aside: u64,
+    /// Deliveries set aside by an earlier swap that the new set matches again.
+    pub restored: u64,
+    /// The first log position the new set rescans.
+    pub rescan_from: i64,
+    /// The last one (the old install's routing cursor).
+    pub rescan_until: i64,
 }
 
 /// The result of an ack.
@@ -281,6 +313,33 @@ pub struct GroupQueueStats {
     pub dead_letters: i64,
     /// Seconds since the oldest routed-but-unacked message was published.
     pub oldest_unacked_seconds: Option<f64>,
+    /// Unacked deliveries set aside by swaps: the install in effect does not match them, so
+    /// they are not claimable (ADR 0014).
+    pub set_aside: i64,
+    /// Log positions the install in effect still has to rescan after its swap.
+    pub rescan_remaining: i64,
+}
+
+/// One install as the group's routing applied it (ADR 0014): the listing's and the audit's
+/// record of what each swap did to the messages routed before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SwapRecord {
+    /// The install (its ledger position).
+    pub install: i64,
+    /// Its set's patterns (empty = the whole topic).
+    pub patterns: Vec<String>,
+    /// When the router applied it (store clock).
+    pub applied_at: DateTime<Utc>,
+    /// Unacked deliveries of earlier installs it matched: kept claimable.
+    pub kept: i64,
+    /// Unacked deliveries of earlier installs it did not match: set aside.
+    pub set_aside: i64,
+    /// Deliveries set aside by earlier swaps that it matched again.
+    pub restored: i64,
+    /// The log range it rescanned (inclusive; empty when `rescan_from > rescan_until`).
+    pub rescan_from: i64,
+    /// The end of that range: where the previous install had routed to.
+    pub rescan_until: i64,
 }
 
 /// What a retention pass deleted.
@@ -290,6 +349,8 @@ pub struct RetentionReport {
     pub messages: u64,
     /// Deliveries of groups with no live instance whose messages aged out.
     pub orphaned_deliveries: u64,
+    /// Deliveries set aside by a swap whose messages aged out.
+    pub set_aside_dropped: u64,
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(1, "sqlite", "0001_event_store.sql"),
     migration!(2, "sqlite", "0002_declaration_projections.sql"),
     migration!(3, "sqlite", "0003_message_log.sql"),
+    migration!(4, "sqlite", "0004_swap_applies.sql"),
 ];
 
 /// The Postgres scripts.
@@ -38,6 +39,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(3, "postgres", "0003_message_log.sql"),
     migration!(4, "postgres", "0004_group_version.sql"),
     migration!(5, "postgres", "0005_claim_floor.sql"),
+    migration!(6, "postgres", "0006_swap_applies.sql"),
 ];
 
 /// The schema version this build needs.

@@ -1,32 +1,34 @@
 //! Swapping a group's binding set in the middle of a stream, on real stores, both backends.
 //!
-//! The routing rule under test: each log position is matched against exactly one installed
-//! set, the one in effect when it was routed, and never against a union of the old and the
-//! new set. Two proofs:
+//! The rule under test (ADR 0014): after an install commits, every claim hands out only messages
+//! its set matches, and the swap applies to everything the group has not consumed while the log
+//! holds it. Two proofs:
 //!
-//! - concurrently (publisher, two consuming instances and a swapper all running): every
-//!   delivered message matches the set installed by the ledger event its `routed_by` names,
-//!   generations never go backwards along the log, and every message left undelivered is one
-//!   that a set possibly in effect for it does not match (exactly the set, wherever the
-//!   deliveries around it agree on the generation);
-//! - step by step (one log position per routing step, swaps between steps, publisher
-//!   concurrent): the generation of every position is known, and the delivered positions are
-//!   exactly those whose subject that generation's set matches, each stamped with it.
+//! - concurrently (publisher, two consuming instances and a swapper all running): every claim
+//!   hands out a message stamped with an install at least as new as the one in effect when the
+//!   claim began, whose set matches it; no message is handed out twice (no claim lapses here);
+//!   and once the stream stops, every message the last set matches has been delivered, under
+//!   whichever install first matched it;
+//! - against a model (property test): random interleavings of publish, route, claim, ack,
+//!   nack, lapse and swap; at every claim, each handed-out message matches the set in effect
+//!   and was never acked; at the end, a whole-topic install drains exactly the messages never
+//!   acked, so nothing was lost.
 //!
 //! The sets are chosen so that every swap has subjects only the old set matches and subjects
-//! only the new set matches, and both kinds are checked to land only in their own generation.
+//! only the new set matches.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use proptest::prelude::*;
 use wharf::domain::matcher::filter_matches;
 use wharf::domain::{BindingMatcher, BindingSet, DeclarationEvent, DeclarerId, GroupName};
 use wharf::domain::{RegisterOutcome, TopicName};
 use wharf::store::Store;
 use wharf::{Registration, Wharf};
-use wharf_queue::{AckOutcome, Queue, QueueSettings};
+use wharf_queue::{AckOutcome, Claimed, Queue, QueueSettings};
 use wharf_tests::fixtures::msg;
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
@@ -194,7 +196,60 @@ struct Delivered {
     routed_by: i64,
 }
 
-async fn swaps_mid_stream_route_by_exactly_one_set(backend: Backend) {
+/// One consuming instance: before each fetch it reads the install in effect; every message
+/// the fetch hands out must be stamped with that install or a newer one, and match its set.
+fn spawn_consumer(
+    me: usize,
+    queue: Queue,
+    delivered: Arc<Mutex<Vec<Delivered>>>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let name = format!("consumer-{me}");
+        let start = Instant::now();
+        let mut sets = BTreeMap::new();
+        loop {
+            assert!(start.elapsed() < DEADLINE, "{name} timed out");
+            let before = queue.effective_install(&group()).await.unwrap().unwrap();
+            let batch = queue.fetch(&group(), &name, 10).await.unwrap();
+            if batch.is_empty() {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+            for c in batch {
+                if !sets.contains_key(&c.routed_by) {
+                    sets = installed_sets(queue.store()).await;
+                }
+                let set = &sets[&c.routed_by];
+                assert!(
+                    c.routed_by >= before.position,
+                    "position {} handed out under install {} after install {} was in effect",
+                    c.position,
+                    c.routed_by,
+                    before.position
+                );
+                assert!(
+                    wants(set, &c.subject),
+                    "position {} ({}) handed out under set {set}",
+                    c.position,
+                    c.subject
+                );
+                assert_eq!(c.attempts, 1, "no redelivery in this test");
+                assert_eq!(queue.ack(&c).await.unwrap(), AckOutcome::Acked);
+                delivered.lock().unwrap().push(Delivered {
+                    position: c.position,
+                    subject: c.subject,
+                    routed_by: c.routed_by,
+                });
+            }
+        }
+    })
+}
+
+async fn swaps_mid_stream_hand_out_only_the_set_in_effect(backend: Backend) {
     oracle_agrees();
     let store = TestStore::new(backend).await;
     let wharf = store.wharf();
@@ -224,57 +279,17 @@ async fn swaps_mid_stream_route_by_exactly_one_set(backend: Backend) {
     let delivered: Arc<Mutex<Vec<Delivered>>> = Arc::default();
     let stop_consuming = Arc::new(AtomicBool::new(false));
     let mut consumers: Vec<_> = (0..2)
-        .map(|me| {
-            let (queue, delivered, stop) =
-                (queue.clone(), delivered.clone(), stop_consuming.clone());
-            tokio::spawn(async move {
-                let name = format!("consumer-{me}");
-                let start = Instant::now();
-                let mut sets = BTreeMap::new();
-                loop {
-                    assert!(start.elapsed() < DEADLINE, "{name} timed out");
-                    let batch = queue.fetch(&group(), &name, 10).await.unwrap();
-                    if batch.is_empty() {
-                        if stop.load(Ordering::SeqCst) {
-                            return;
-                        }
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    for c in batch {
-                        // Soundness as it happens, so a routing fault fails at once.
-                        if !sets.contains_key(&c.routed_by) {
-                            sets = installed_sets(queue.store()).await;
-                        }
-                        let set = &sets[&c.routed_by];
-                        assert!(
-                            wants(set, &c.subject),
-                            "position {} ({}) delivered under set {set}",
-                            c.position,
-                            c.subject
-                        );
-                        assert_eq!(c.attempts, 1, "no redelivery in this test");
-                        assert_eq!(queue.ack(&c).await.unwrap(), AckOutcome::Acked);
-                        delivered.lock().unwrap().push(Delivered {
-                            position: c.position,
-                            subject: c.subject,
-                            routed_by: c.routed_by,
-                        });
-                    }
-                }
-            })
-        })
+        .map(|me| spawn_consumer(me, queue.clone(), delivered.clone(), stop_consuming.clone()))
         .collect();
 
-    // Each swap waits until the set in effect has routed two full rounds of the subjects: its
-    // deliveries span that many positions, and every position between two deliveries of one
-    // generation was routed by it too (routing only moves forward).
+    // Each swap waits until the set in effect has delivered across two full rounds of the
+    // subjects, so every install hands out messages while the stream runs.
     let mut generations = vec![first];
     for k in 0..=SWAPS {
         let gen = *generations.last().unwrap();
         let span = 2 * SUBJECTS.len() as i64;
         wait_until(
-            &format!("set {k} routes two rounds of subjects"),
+            &format!("set {k} delivers across two rounds of subjects"),
             DEADLINE,
             || {
                 let delivered = delivered.clone();
@@ -310,7 +325,9 @@ async fn swaps_mid_stream_route_by_exactly_one_set(backend: Backend) {
         async move {
             let s = queue.group_stats(Some(&group())).await.unwrap().remove(0);
             consumer_stopped
-                || (s.routed_lag == 0 && s.claimable + s.in_flight + s.backing_off == 0)
+                || (s.routed_lag == 0
+                    && s.rescan_remaining == 0
+                    && s.claimable + s.in_flight + s.backing_off == 0)
         }
     })
     .await;
@@ -335,244 +352,224 @@ async fn swaps_mid_stream_route_by_exactly_one_set(backend: Backend) {
     let mut by_position: BTreeMap<i64, Delivered> = BTreeMap::new();
     for d in std::mem::take(&mut *delivered.lock().unwrap()) {
         let p = d.position;
+        assert_eq!(d.subject, log[&p]);
         assert!(
             by_position.insert(p, d).is_none(),
             "position {p} delivered twice"
         );
     }
+    let used: BTreeSet<i64> = by_position.values().map(|d| d.routed_by).collect();
+    assert_eq!(used.len(), SWAPS + 1, "every install handed out messages");
 
-    // Soundness: each delivery matches the set its generation installed.
-    for d in by_position.values() {
-        let set = sets
-            .get(&d.routed_by)
-            .unwrap_or_else(|| panic!("routed_by {} is no install of the group", d.routed_by));
-        assert_eq!(d.subject, log[&d.position]);
-        assert!(
-            wants(set, &d.subject),
-            "position {} ({}) was routed by {} whose set {set} does not match it",
-            d.position,
-            d.subject,
-            d.routed_by
-        );
+    // Completeness: the last set applies to everything the group had not consumed, so every
+    // message it matches was delivered (by it, or earlier by a set that matched it too).
+    let last = &sets[generations.last().unwrap()];
+    for (position, subject) in &log {
+        if wants(last, subject) {
+            assert!(
+                by_position.contains_key(position),
+                "position {position} ({subject}) matches the last set {last} and was never \
+                 delivered"
+            );
+        }
     }
-    // Routing moves forward through the log, so generations never go back.
-    let stamps: Vec<(i64, i64)> = by_position
+    // And the new sets did reach back: some message was delivered by an install that came
+    // after the one in effect when it was published past.
+    let reached_back = by_position
         .values()
-        .map(|d| (d.position, d.routed_by))
-        .collect();
-    for w in stamps.windows(2) {
-        assert!(
-            w[0].1 <= w[1].1,
-            "position {} routed by {} after position {} routed by {}",
-            w[1].0,
-            w[1].1,
-            w[0].0,
-            w[0].1
-        );
-    }
-    let used: BTreeSet<i64> = stamps.iter().map(|(_, g)| *g).collect();
-    assert_eq!(used.len(), SWAPS + 1, "every generation routed deliveries");
-
-    // Completeness: an undelivered position was routed by a generation between those of the
-    // deliveries around it; some generation in that range must not match it. Where both
-    // neighbours agree, that is the one set that was in effect.
-    let mut exact = 0usize;
-    for (&position, subject) in &log {
-        if by_position.contains_key(&position) {
-            continue;
-        }
-        let low = by_position
-            .range(..position)
-            .next_back()
-            .map_or(first, |(_, d)| d.routed_by);
-        let high = by_position
-            .range(position..)
-            .next()
-            .map_or(*generations.last().unwrap(), |(_, d)| d.routed_by);
-        if low == high {
-            exact += 1;
-        }
-        let possible: Vec<(&i64, &BindingSet)> = sets.range(low..=high).collect();
-        assert!(
-            possible.iter().any(|(_, set)| !wants(set, subject)),
-            "position {position} ({subject}) was not delivered, yet every set that can have \
-             routed it matches it: {possible:?}"
-        );
-    }
+        .zip(by_position.values().skip(1))
+        .any(|(a, b)| a.routed_by > b.routed_by);
     assert!(
-        exact > 0,
-        "some undelivered positions were pinned to one generation"
+        reached_back,
+        "no install delivered anything routed past before it"
     );
-
-    // No union at any swap: under each new set, subjects only it matches were delivered, and
-    // subjects only its predecessor matches were passed over (wherever the generation is
-    // pinned by deliveries on both sides).
-    for pair in generations.windows(2) {
-        let (old, new) = (&sets[&pair[0]], &sets[&pair[1]]);
-        let under_new: Vec<(i64, &str)> = log
-            .iter()
-            .filter(|(p, _)| {
-                let low = by_position.range(..=**p).next_back();
-                let high = by_position.range(**p..).next();
-                matches!((low, high), (Some((_, l)), Some((_, h))) if l.routed_by == pair[1] && h.routed_by == pair[1])
-            })
-            .map(|(p, s)| (*p, s.as_str()))
-            .collect();
-        let new_only: Vec<_> = under_new
-            .iter()
-            .filter(|(_, s)| wants(new, s) && !wants(old, s))
-            .collect();
-        let old_only: Vec<_> = under_new
-            .iter()
-            .filter(|(_, s)| wants(old, s) && !wants(new, s))
-            .collect();
-        assert!(
-            !new_only.is_empty() && !old_only.is_empty(),
-            "swap {pair:?} saw both kinds"
-        );
-        for (p, s) in new_only {
-            assert!(
-                by_position.contains_key(p),
-                "{p} ({s}) only the new set matches"
-            );
-        }
-        for (p, s) in old_only {
-            assert!(
-                !by_position.contains_key(p),
-                "{p} ({s}) only the old set matches"
-            );
-        }
-    }
-}
-on_both_backends!(concurrent_swaps, swaps_mid_stream_route_by_exactly_one_set);
-
-// ---------------------------------------------------------------------------------------------
-
-const PER_GENERATION: usize = 40;
-
-async fn stepwise_swaps_deliver_exactly_the_matches_of_each_generation(backend: Backend) {
-    oracle_agrees();
-    let store = TestStore::new(backend).await;
-    let wharf = store.wharf();
-    let queue = Queue::new(store.store.clone(), settings(1));
-    let mut generation = install(&wharf, 0).await;
-    let total = PER_GENERATION * SETS.len();
-
-    // The stream is published while routing runs; routing waits for it where it catches up.
-    let publisher = {
-        let queue = queue.clone();
-        tokio::spawn(async move {
-            for chunk in 0..total / 4 {
-                let batch: Vec<_> = (0..4)
-                    .map(|k| msg(SUBJECTS[(chunk * 4 + k) % SUBJECTS.len()]))
-                    .collect();
-                queue.publish(&topic(), &batch).await.unwrap();
-            }
-        })
-    };
-
-    // One position per routing step; a swap happens only between steps, so the generation of
-    // every position is the one installed last before its step.
-    let mut routed_under: BTreeMap<i64, i64> = BTreeMap::new();
-    let start = Instant::now();
-    let mut cursor = 0;
-    let mut installs = 1;
-    while routed_under.len() < total {
-        let k = routed_under.len() / PER_GENERATION;
-        if k >= installs {
-            generation = install(&wharf, k).await;
-            installs += 1;
-        }
-        let report = queue.route(&group()).await.unwrap();
-        assert!(!report.busy, "nobody else routes this group");
-        match report.scanned {
-            0 => {
-                assert_eq!(report.position, cursor);
-                assert!(start.elapsed() < DEADLINE, "the publisher stalled");
-                tokio::task::yield_now().await;
-            }
-            1 => {
-                assert_eq!(
-                    report.position,
-                    cursor + 1,
-                    "one position per step, in order"
-                );
-                cursor = report.position;
-                routed_under.insert(cursor, generation);
-            }
-            n => panic!("a step of batch 1 scanned {n} positions"),
-        }
-    }
-    publisher.await.unwrap();
-    assert_eq!(queue.route(&group()).await.unwrap().scanned, 0);
-
-    let sets = installed_sets(&store.store).await;
-    assert_eq!(sets.len(), SETS.len());
-    let log = log_rows(&store.store).await;
-    assert_eq!(log.len(), total);
-    let claimed = queue.claim(&group(), "reader", 10_000).await.unwrap();
-    assert!(queue
-        .claim(&group(), "reader", 10_000)
-        .await
-        .unwrap()
-        .is_empty());
-    let delivered: BTreeMap<i64, i64> = claimed.iter().map(|c| (c.position, c.routed_by)).collect();
-    assert_eq!(delivered.len(), claimed.len(), "each position once");
-
-    let expected: BTreeMap<i64, i64> = routed_under
-        .iter()
-        .filter(|(p, g)| wants(&sets[g], &log[p]))
-        .map(|(p, g)| (*p, *g))
-        .collect();
-    assert_eq!(
-        delivered, expected,
-        "delivered exactly the positions their generation's set matches, stamped with it"
-    );
-
-    // Spelled out for each swap: subjects only the old set matches are not delivered once the
-    // new set is in effect, subjects only the new set matches are, and vice versa before it.
-    let gens: Vec<i64> = sets.keys().copied().collect();
-    for pair in gens.windows(2) {
-        let (old, new) = (&sets[&pair[0]], &sets[&pair[1]]);
-        let mut seen = [0usize; 4];
-        for (p, g) in &routed_under {
-            let subject = &log[p];
-            let (in_old, in_new) = (wants(old, subject), wants(new, subject));
-            if in_old == in_new {
-                continue;
-            }
-            let under_new = *g == pair[1];
-            let under_old = *g == pair[0];
-            if !(under_new || under_old) {
-                continue;
-            }
-            let got = delivered.contains_key(p);
-            match (under_old, in_old) {
-                (true, true) => {
-                    assert!(got, "{p} {subject}: old-only subject under the old set");
-                    seen[0] += 1;
-                }
-                (true, false) => {
-                    assert!(!got, "{p} {subject}: new-only subject under the old set");
-                    seen[1] += 1;
-                }
-                (false, true) => {
-                    assert!(!got, "{p} {subject}: old-only subject under the new set");
-                    seen[2] += 1;
-                }
-                (false, false) => {
-                    assert!(got, "{p} {subject}: new-only subject under the new set");
-                    seen[3] += 1;
-                }
-            }
-        }
-        assert!(
-            seen.iter().all(|n| *n > 0),
-            "swap {pair:?} exercised every case: {seen:?}"
-        );
-    }
 }
 on_both_backends!(
-    stepwise_swaps,
-    stepwise_swaps_deliver_exactly_the_matches_of_each_generation
+    concurrent_swaps,
+    swaps_mid_stream_hand_out_only_the_set_in_effect
 );
+
+// ---------------------------------------------------------------------------------------------
+// The model test.
+
+/// One step of a random interleaving.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Publish these subjects (indexes into SUBJECTS).
+    Publish(Vec<usize>),
+    /// Install set k (a no-op when it is the one in effect).
+    Swap(usize),
+    /// Route one step.
+    Route,
+    /// Fetch up to n; with `lapse`, under a visibility timeout that has run out by the next op.
+    Claim { n: u32, lapse: bool },
+    /// Ack the i-th held claim (modulo the number held).
+    Ack(usize),
+    /// Nack the i-th held claim.
+    Nack(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(0..SUBJECTS.len(), 1..4).prop_map(Op::Publish),
+        1 => (0..SETS.len()).prop_map(Op::Swap),
+        1 => Just(Op::Route),
+        3 => (1u32..4, any::<bool>()).prop_map(|(n, lapse)| Op::Claim { n, lapse }),
+        2 => any::<usize>().prop_map(Op::Ack),
+        1 => any::<usize>().prop_map(Op::Nack),
+    ]
+}
+
+/// What the model knows: the set in effect and what was acked.
+struct Model {
+    set: usize,
+    acked: BTreeSet<i64>,
+    held: Vec<Claimed>,
+}
+
+fn model_settings(visibility_timeout: Duration) -> QueueSettings {
+    QueueSettings {
+        visibility_timeout,
+        max_attempts: 1_000,
+        backoff_base: Duration::from_millis(1),
+        backoff_max: Duration::from_millis(1),
+        route_batch: 2,
+    }
+}
+
+/// A lapsing claim's timeout: over by the time the next step runs.
+const LAPSE: Duration = Duration::from_millis(1);
+
+async fn run_model(backend: Backend, ops: Vec<Op>) {
+    let store = TestStore::new(backend).await;
+    let wharf = store.wharf();
+    install(&wharf, 0).await;
+    let queue = Queue::new(store.store.clone(), model_settings(DEADLINE));
+    let lapsing = Queue::new(store.store.clone(), model_settings(LAPSE));
+    let mut model = Model {
+        set: 0,
+        acked: BTreeSet::new(),
+        held: Vec::new(),
+    };
+    for op in ops {
+        match op {
+            Op::Publish(subjects) => {
+                let batch: Vec<_> = subjects.iter().map(|&i| msg(SUBJECTS[i])).collect();
+                queue.publish(&topic(), &batch).await.unwrap();
+            }
+            Op::Swap(k) if k % SETS.len() != model.set => {
+                install(&wharf, k).await;
+                model.set = k % SETS.len();
+            }
+            Op::Swap(_) => {}
+            Op::Route => {
+                queue.route(&group()).await.unwrap();
+            }
+            Op::Claim { n, lapse } => {
+                let from = if lapse { &lapsing } else { &queue };
+                let set = BindingSet::parse(set_of(model.set)).unwrap();
+                for c in from.fetch(&group(), "model:1:aa", n).await.unwrap() {
+                    assert!(
+                        wants(&set, &c.subject),
+                        "{} handed out under {set}",
+                        c.subject
+                    );
+                    assert!(
+                        !model.acked.contains(&c.position),
+                        "{} ({}) handed out again after its ack",
+                        c.position,
+                        c.subject
+                    );
+                    model.held.push(c);
+                }
+                if lapse {
+                    tokio::time::sleep(LAPSE * 2).await;
+                }
+            }
+            Op::Ack(i) if !model.held.is_empty() => {
+                let c = model.held.remove(i % model.held.len());
+                if queue.ack(&c).await.unwrap() == AckOutcome::Acked {
+                    model.acked.insert(c.position);
+                }
+            }
+            Op::Nack(i) if !model.held.is_empty() => {
+                let c = model.held.remove(i % model.held.len());
+                queue.nack(&c, "model").await.unwrap();
+            }
+            Op::Ack(_) | Op::Nack(_) => {}
+        }
+    }
+    // Settle what is still held, then install the whole topic: it must hand out exactly the
+    // messages never acked, each once, and nothing acked.
+    for c in std::mem::take(&mut model.held) {
+        if queue.ack(&c).await.unwrap() == AckOutcome::Acked {
+            model.acked.insert(c.position);
+        }
+    }
+    let whole = DeclarerId::parse("declarer", "final").unwrap();
+    let none: &[&str] = &[];
+    let outcome = wharf
+        .as_declarer(whole)
+        .register(&Registration::new(GROUP, TOPIC, "1", none).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, RegisterOutcome::Installed { .. }),
+        "{outcome:?}"
+    );
+    let mut drained = BTreeSet::new();
+    let start = Instant::now();
+    loop {
+        let got = queue.fetch(&group(), "model:1:aa", 50).await.unwrap();
+        for c in &got {
+            assert!(!model.acked.contains(&c.position), "{c:?} was acked before");
+            assert!(drained.insert(c.position), "{c:?} handed out twice");
+            queue.ack(c).await.unwrap();
+        }
+        let s = queue.group_stats(Some(&group())).await.unwrap().remove(0);
+        if got.is_empty() && s.routed_lag == 0 && s.rescan_remaining == 0 && s.claimable == 0 {
+            if s.in_flight + s.backing_off == 0 {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the final drain did not finish: {s:?}"
+        );
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    let log: BTreeSet<i64> = log_rows(&store.store).await.into_keys().collect();
+    let unacked: BTreeSet<i64> = log.difference(&model.acked).copied().collect();
+    assert_eq!(
+        drained, unacked,
+        "the whole-topic install hands out exactly what was never acked"
+    );
+}
+
+fn model_cases(backend: Backend, cases: u32) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    proptest!(config, |(ops in prop::collection::vec(op(), 1..60))| {
+        runtime.block_on(run_model(backend, ops));
+    });
+}
+
+#[test]
+fn model_interleavings_sqlite() {
+    model_cases(Backend::Sqlite, 32);
+}
+
+#[test]
+fn model_interleavings_postgres() {
+    model_cases(Backend::Postgres, 12);
+}

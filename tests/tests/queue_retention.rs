@@ -101,6 +101,7 @@ fn report(messages: u64, orphaned_deliveries: u64) -> RetentionReport {
     RetentionReport {
         messages,
         orphaned_deliveries,
+        set_aside_dropped: 0,
     }
 }
 

@@ -161,6 +161,13 @@ pub(crate) async fn ack(
     .execute(store.pool())
     .await?
     .rows_affected();
+    let done = if done == 1 {
+        done
+    } else {
+        settle_set_aside(store, &[group.as_str()], &[position], &[token])
+            .await?
+            .len() as u64
+    };
     Ok(if done == 1 {
         AckOutcome::Acked
     } else {
@@ -190,7 +197,38 @@ pub(crate) async fn ack_many(
     .bind(&tokens)
     .fetch_all(store.pool())
     .await?;
-    Ok(done.into_iter().collect())
+    let mut done: HashSet<(String, i64, i64)> = done.into_iter().collect();
+    if done.len() < keys.len() {
+        let missed: Vec<&(String, i64, i64)> = keys.iter().filter(|k| !done.contains(*k)).collect();
+        let groups: Vec<&str> = missed.iter().map(|k| k.0.as_str()).collect();
+        let positions: Vec<i64> = missed.iter().map(|k| k.1).collect();
+        let tokens: Vec<i64> = missed.iter().map(|k| k.2).collect();
+        done.extend(settle_set_aside(store, &groups, &positions, &tokens).await?);
+    }
+    Ok(done)
+}
+
+/// Settles claims whose deliveries a swap set aside while they were held (ADR 0014): their
+/// handlers finished, so the messages are done for the group. Only reached when an ack found
+/// no delivery row, so the hot path pays nothing for it.
+async fn settle_set_aside(
+    store: &PgStore,
+    groups: &[&str],
+    positions: &[i64],
+    tokens: &[i64],
+) -> Result<Vec<(String, i64, i64)>, QueueError> {
+    Ok(sqlx::query_as(
+        "DELETE FROM set_aside s USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
+           AS settled(group_name, position, claim_token) \
+         WHERE s.group_name = settled.group_name AND s.position = settled.position \
+           AND s.claim_token = settled.claim_token \
+         RETURNING s.group_name, s.position, s.claim_token",
+    )
+    .bind(groups)
+    .bind(positions)
+    .bind(tokens)
+    .fetch_all(store.pool())
+    .await?)
 }
 
 /// Pushes a held claim's `visible_at` to `by` from now; only the claim token's holder can.
@@ -239,7 +277,9 @@ pub(crate) async fn nack(
     .fetch_optional(&mut *tx)
     .await?;
     let Some(attempts) = attempts else {
-        return Ok(NackOutcome::ClaimLost);
+        let released = release_set_aside(&mut tx, settings, group, position, token, error).await?;
+        tx.commit().await?;
+        return Ok(released);
     };
     if i64::from(attempts) >= i64::from(settings.max_attempts) {
         bury(&mut tx, group, &[position], token, 0).await?;
@@ -258,6 +298,42 @@ pub(crate) async fn nack(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
+    Ok(NackOutcome::Retrying { visible_at })
+}
+
+/// Releases a claim whose delivery a swap set aside while it was held: the message stays set
+/// aside, no longer held, visible again after the backoff should an install bring it back.
+async fn release_set_aside(
+    conn: &mut PgConnection,
+    settings: &QueueSettings,
+    group: &GroupName,
+    position: i64,
+    token: i64,
+    error: &str,
+) -> Result<NackOutcome, QueueError> {
+    let attempts: Option<i32> = sqlx::query_scalar(
+        "SELECT attempts FROM set_aside WHERE group_name = $1 AND position = $2 \
+           AND claim_token = $3 FOR UPDATE",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(token)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(attempts) = attempts else {
+        return Ok(NackOutcome::ClaimLost);
+    };
+    let visible_at: DateTime<Utc> = sqlx::query_scalar(
+        "UPDATE set_aside SET last_error = $3, claimed_by = NULL, claim_token = NULL, \
+           visible_at = clock_timestamp() + make_interval(secs => $4) \
+         WHERE group_name = $1 AND position = $2 RETURNING visible_at",
+    )
+    .bind(group.as_str())
+    .bind(position)
+    .bind(error)
+    .bind(settings.backoff(attempts).as_secs_f64())
+    .fetch_one(conn)
+    .await?;
     Ok(NackOutcome::Retrying { visible_at })
 }
 

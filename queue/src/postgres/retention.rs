@@ -1,8 +1,9 @@
-//! Retention on Postgres: delete, in bounded batches, log messages that every group is done
-//! with, and messages older than the retention that no live group still needs.
+//! Retention on Postgres: delete, in bounded batches, messages older than the retention that
+//! no live group still needs (ADR 0014: being routed past is not being consumed, since a swap
+//! applies to everything the log still holds; so age is the only limit).
 //!
-//! "Done" for a group means routed past and not waiting in its deliveries. A group is live when
-//! it has an instance with a fresh heartbeat. Each batch recomputes the floors in its own
+//! A live group (an instance with a fresh heartbeat) needs what it has not routed or, after a
+//! swap, not rescanned, and what waits in its deliveries. Each batch recomputes the floors in its own
 //! transaction, under a per-topic retention lock that a dead-letter replay also takes, so a
 //! message replayed mid-pass raises the floor before the next batch looks. Publishers (topic row
 //! lock) and claimers (delivery row locks) never take that lock, so neither waits on retention.
@@ -15,14 +16,14 @@ use wharf_store::PgStore;
 use crate::error::QueueError;
 use crate::message::RetentionReport;
 
-/// The lowest position the topic must keep: for every group, and for live groups only.
-const FLOORS: &str = "\
+/// The lowest position the topic must keep for its live groups: what each has not routed (or,
+/// after a swap, not rescanned) and what waits in its deliveries.
+const LIVE_FLOOR: &str = "\
     SELECT \
       LEAST(t.head + 1, \
-        (SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name), \
-        (SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name)), \
-      LEAST(t.head + 1, \
-        (SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name \
+        (SELECT MIN(LEAST(g.routed_position + 1, \
+            CASE WHEN g.rescan_position <= g.rescan_until THEN g.rescan_position END)) \
+         FROM consumer_group g WHERE g.topic = t.name \
            AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = g.group_name \
              AND w.heartbeat_at > clock_timestamp() - make_interval(secs => $2))), \
         (SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name \
@@ -54,10 +55,11 @@ pub(crate) async fn retain(
     let mut report = RetentionReport::default();
     for topic in topics {
         loop {
-            let (messages, orphans) =
+            let (messages, orphans, parked) =
                 retain_batch(store, &topic, retention, instance_ttl, batch).await?;
             report.messages += messages;
             report.orphaned_deliveries += orphans;
+            report.set_aside_dropped += parked;
             if (messages as i64) < batch {
                 break;
             }
@@ -66,30 +68,29 @@ pub(crate) async fn retain(
     Ok(report)
 }
 
-/// One batch: fresh floors, up to `batch` deleted messages, and the deliveries of groups with
-/// no live instance whose messages aged out (they can never be handed out again).
+/// One batch: a fresh floor, up to `batch` deleted messages, and the deliveries (and set-aside
+/// deliveries) whose messages aged out: they can never be handed out again.
 async fn retain_batch(
     store: &PgStore,
     topic: &str,
     retention: Duration,
     instance_ttl: Duration,
     batch: i64,
-) -> Result<(u64, u64), QueueError> {
+) -> Result<(u64, u64, u64), QueueError> {
     let mut tx = store.pool().begin().await?;
     lock_retention(&mut tx, topic).await?;
-    let (done_floor, live_floor): (i64, i64) = sqlx::query_as(FLOORS)
+    let live_floor: i64 = sqlx::query_scalar(LIVE_FLOOR)
         .bind(topic)
         .bind(instance_ttl.as_secs_f64())
         .fetch_one(&mut *tx)
         .await?;
     let messages = sqlx::query(
         "DELETE FROM message WHERE topic = $1 AND position IN ( \
-           SELECT position FROM message WHERE topic = $1 AND (position < $2 \
-             OR (position < $3 AND published_at < clock_timestamp() - make_interval(secs => $4))) \
-           ORDER BY position LIMIT $5)",
+           SELECT position FROM message WHERE topic = $1 AND position < $2 \
+             AND published_at < clock_timestamp() - make_interval(secs => $3) \
+           ORDER BY position LIMIT $4)",
     )
     .bind(topic)
-    .bind(done_floor)
     .bind(live_floor)
     .bind(retention.as_secs_f64())
     .bind(batch)
@@ -105,6 +106,15 @@ async fn retain_batch(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    let parked = sqlx::query(
+        "DELETE FROM set_aside s WHERE s.topic = $1 AND s.position < $2 \
+         AND NOT EXISTS (SELECT 1 FROM message m WHERE m.topic = s.topic AND m.position = s.position)",
+    )
+    .bind(topic)
+    .bind(live_floor)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
     tx.commit().await?;
-    Ok((messages, orphans))
+    Ok((messages, orphans, parked))
 }

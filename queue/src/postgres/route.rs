@@ -3,12 +3,15 @@
 //!
 //! The group row is locked `FOR UPDATE SKIP LOCKED`: one router per group at a time (others
 //! skip and go claim), and the declaration swap takes the same lock, so a batch is matched
-//! against exactly the set in effect when it was routed, never a mixture.
+//! against exactly the set in effect when it was routed, never a mixture. The first step after
+//! a swap applies it first (`swap.rs`, ADR 0014).
 
 use wharf_domain::GroupName;
 use wharf_store::PgStore;
 
+use super::swap;
 use crate::error::QueueError;
+use crate::generations::delivers;
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport};
 
@@ -19,17 +22,22 @@ pub(crate) async fn route(
     group: &GroupName,
     batch: i64,
 ) -> Result<RouteReport, QueueError> {
-    // An unlocked look first: a caught-up group (the idle case) costs one read, not a locked
-    // transaction. A missing group falls through to the locked path, which reports it.
-    let position: Option<(i64, i64)> = sqlx::query_as(
-        "SELECT g.routed_position, COALESCE(t.head, 0) FROM consumer_group g \
-         LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = $1",
+    // An unlocked look first: a caught-up group whose routing is aligned with its install (the
+    // idle case) costs one read, not a locked transaction. A missing group falls through to the
+    // locked path, which reports it.
+    let position: Option<(i64, i64, bool)> = sqlx::query_as(
+        "SELECT g.routed_position, COALESCE(t.head, 0), \
+           g.routed_install = COALESCE(e.position, g.routed_install) \
+           AND g.rescan_position > g.rescan_until \
+         FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
+         LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
+         WHERE g.group_name = $1",
     )
     .bind(group.as_str())
     .fetch_optional(store.pool())
     .await?;
-    if let Some((routed, head)) = position {
-        if routed >= head {
+    if let Some((routed, head, settled)) = position {
+        if settled && routed >= head {
             return Ok(RouteReport {
                 position: routed,
                 ..RouteReport::default()
@@ -37,57 +45,62 @@ pub(crate) async fn route(
         }
     }
     let mut tx = store.pool().begin().await?;
-    let cursor: Option<(String, i64)> = sqlx::query_as(
-        "SELECT topic, routed_position FROM consumer_group WHERE group_name = $1 \
-         FOR UPDATE SKIP LOCKED",
-    )
-    .bind(group.as_str())
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some((topic, routed)) = cursor else {
+    let Some(mut cursor) = swap::lock_cursor(&mut tx, group).await? else {
         return busy_or_unknown(&mut tx, group).await;
     };
-    let generation: Option<i64> =
-        sqlx::query_scalar("SELECT position FROM effective_declaration WHERE group_name = $1")
-            .bind(group.as_str())
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some(generation) = generation else {
+    // Read under the group row lock, which the swap also takes: the install cannot change
+    // until this step commits.
+    let Some(install) = read_install(&mut tx, group).await? else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
-    // The patterns are read only when this install's set is not compiled yet. Both reads run
-    // under the group row lock, which the swap also takes, so they see the same install.
-    let matcher = match matchers.cached(group, generation) {
-        Some(matcher) => matcher,
-        None => {
-            let patterns: Vec<String> =
-                sqlx::query_scalar("SELECT pattern FROM binding WHERE group_name = $1")
-                    .bind(group.as_str())
-                    .fetch_all(&mut *tx)
-                    .await?;
-            matchers.get(group, generation, patterns.into_iter())?
-        }
-    };
-    let slice: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT position, subject FROM message WHERE topic = $1 AND position > $2 \
-         ORDER BY position LIMIT $3",
+    let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
+    let mut report = RouteReport::default();
+    if cursor.routed_install != install.position {
+        report.swap = Some(swap::apply(&mut tx, group, &mut cursor, &install, &matcher).await?);
+    }
+    let forward = read_slice(
+        &mut tx,
+        &cursor.topic,
+        cursor.routed_position + 1,
+        i64::MAX,
+        batch,
     )
-    .bind(&topic)
-    .bind(routed)
-    .bind(batch)
-    .fetch_all(&mut *tx)
     .await?;
-    let Some(&(last, _)) = slice.last() else {
-        return Ok(RouteReport {
-            position: routed,
-            ..RouteReport::default()
-        });
-    };
-    let matched: Vec<i64> = slice
+    let mut matched: Vec<i64> = forward
         .iter()
         .filter(|(_, subject)| matcher.matches_str(subject))
         .map(|(position, _)| *position)
         .collect();
+    let mut rescan_position = cursor.rescan_position;
+    if cursor.rescan_position <= cursor.rescan_until {
+        let slice = read_slice(
+            &mut tx,
+            &cursor.topic,
+            cursor.rescan_position,
+            cursor.rescan_until,
+            batch,
+        )
+        .await?;
+        if let (Some(&(first, _)), Some(&(last, _))) = (slice.first(), slice.last()) {
+            let history =
+                swap::history(&mut tx, matchers, group, install.position, first, last).await?;
+            matched.extend(
+                slice
+                    .iter()
+                    .filter(|(position, subject)| delivers(&matcher, &history, *position, subject))
+                    .map(|(position, _)| *position),
+            );
+        }
+        rescan_position = match slice.last() {
+            Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
+            _ => cursor.rescan_until + 1,
+        };
+        report.rescanned = slice.len() as u64;
+        report.rescan_pending = rescan_position <= cursor.rescan_until;
+    }
+    let routed_position = forward
+        .last()
+        .map_or(cursor.routed_position, |&(last, _)| last);
     if !matched.is_empty() {
         sqlx::query(
             "INSERT INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
@@ -95,31 +108,68 @@ pub(crate) async fn route(
              ON CONFLICT DO NOTHING",
         )
         .bind(group.as_str())
-        .bind(&topic)
+        .bind(&cursor.topic)
         .bind(&matched)
-        .bind(generation)
+        .bind(install.position)
         .execute(&mut *tx)
         .await?;
     }
     // The claim floor moves up to the lowest delivery still waiting (or past the routed range
-    // when none is): acked deliveries below it are never walked by a claim again.
+    // when none is): acked deliveries below it are never walked by a claim again. A rescan
+    // inserts below the floor, so the floor first comes down to what it inserted.
     sqlx::query(
-        "UPDATE consumer_group SET routed_position = $2, claim_floor = COALESCE( \
-           (SELECT MIN(d.position) FROM delivery d \
-            WHERE d.group_name = $1 AND d.position >= consumer_group.claim_floor), $2 + 1) \
+        "UPDATE consumer_group SET routed_position = $2, rescan_position = $3, \
+           claim_floor = COALESCE( \
+             (SELECT MIN(d.position) FROM delivery d \
+              WHERE d.group_name = $1 AND d.position >= LEAST(consumer_group.claim_floor, $4)), \
+             $2 + 1) \
          WHERE group_name = $1",
     )
     .bind(group.as_str())
-    .bind(last)
+    .bind(routed_position)
+    .bind(rescan_position)
+    .bind(matched.iter().copied().min().unwrap_or(i64::MAX))
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(RouteReport {
-        scanned: slice.len() as u64,
-        routed: matched.len() as u64,
-        position: last,
-        busy: false,
-    })
+    report.scanned = forward.len() as u64;
+    report.routed = matched.len() as u64;
+    report.position = routed_position;
+    Ok(report)
+}
+
+/// Up to `batch` log rows of `topic` in `from..=until`, in position order.
+async fn read_slice(
+    conn: &mut sqlx::PgConnection,
+    topic: &str,
+    from: i64,
+    until: i64,
+    batch: i64,
+) -> Result<Vec<(i64, String)>, QueueError> {
+    Ok(sqlx::query_as(
+        "SELECT position, subject FROM message WHERE topic = $1 AND position >= $2 \
+           AND position <= $3 ORDER BY position LIMIT $4",
+    )
+    .bind(topic)
+    .bind(from)
+    .bind(until)
+    .bind(batch)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The install in effect, read in `conn`'s transaction.
+async fn read_install(
+    conn: &mut sqlx::PgConnection,
+    group: &GroupName,
+) -> Result<Option<EffectiveInstall>, QueueError> {
+    let row: Option<(i64, Vec<String>)> = sqlx::query_as(
+        "SELECT position, patterns FROM effective_declaration WHERE group_name = $1",
+    )
+    .bind(group.as_str())
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
 }
 
 /// The group row was not returned: either someone else holds it, or it does not exist. Asked on
@@ -148,11 +198,6 @@ pub(crate) async fn effective_install(
     store: &PgStore,
     group: &GroupName,
 ) -> Result<Option<EffectiveInstall>, QueueError> {
-    let row: Option<(i64, Vec<String>)> = sqlx::query_as(
-        "SELECT position, patterns FROM effective_declaration WHERE group_name = $1",
-    )
-    .bind(group.as_str())
-    .fetch_optional(store.pool())
-    .await?;
-    Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
+    let mut conn = store.pool().acquire().await?;
+    read_install(&mut conn, group).await
 }

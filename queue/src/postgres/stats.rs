@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use wharf_store::PgStore;
 
 use crate::error::QueueError;
-use crate::message::{GroupQueueStats, TopicStats};
+use crate::message::{GroupQueueStats, SwapRecord, TopicStats};
 
 /// Every topic's head and retained size.
 pub(crate) async fn topic_stats(store: &PgStore) -> Result<Vec<TopicStats>, QueueError> {
@@ -31,6 +31,8 @@ type GroupRow = (
     i64,
     Option<DateTime<Utc>>,
     DateTime<Utc>,
+    i64,
+    i64,
 );
 
 /// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
@@ -53,7 +55,9 @@ pub(crate) async fn group_stats(
            (SELECT m.published_at FROM delivery d JOIN message m \
               ON m.topic = d.topic AND m.position = d.position \
               WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
-           clock.now \
+           clock.now, \
+           (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
+           GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
          FROM consumer_group g, clock WHERE $1::text IS NULL OR g.group_name = $1 ORDER BY g.group_name",
     )
     .bind(group)
@@ -62,7 +66,20 @@ pub(crate) async fn group_stats(
     Ok(rows
         .into_iter()
         .map(
-            |(group, topic, routed, head, claimable, in_flight, backing_off, dead, oldest, now)| {
+            |(
+                group,
+                topic,
+                routed,
+                head,
+                claimable,
+                in_flight,
+                backing_off,
+                dead,
+                oldest,
+                now,
+                set_aside,
+                rescan_remaining,
+            )| {
                 GroupQueueStats {
                     group,
                     topic,
@@ -74,8 +91,42 @@ pub(crate) async fn group_stats(
                     dead_letters: dead,
                     oldest_unacked_seconds: oldest
                         .map(|at| (now - at).num_microseconds().unwrap_or(0) as f64 / 1e6),
+                    set_aside,
+                    rescan_remaining,
                 }
             },
         )
+        .collect())
+}
+
+type SwapRow = (i64, Vec<String>, DateTime<Utc>, i64, i64, i64, i64, i64);
+
+/// The installs the group's routing applied, newest first.
+pub(crate) async fn swaps(
+    store: &PgStore,
+    group: &wharf_domain::GroupName,
+    limit: i64,
+) -> Result<Vec<SwapRecord>, QueueError> {
+    let rows: Vec<SwapRow> = sqlx::query_as(
+        "SELECT install, patterns, applied_at, kept, set_aside, restored, rescan_from, \
+           from_position - 1 FROM route_generation WHERE group_name = $1 \
+         ORDER BY install DESC LIMIT $2",
+    )
+    .bind(group.as_str())
+    .bind(limit)
+    .fetch_all(store.pool())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| SwapRecord {
+            install: r.0,
+            patterns: r.1,
+            applied_at: r.2,
+            kept: r.3,
+            set_aside: r.4,
+            restored: r.5,
+            rescan_from: r.6,
+            rescan_until: r.7,
+        })
         .collect())
 }

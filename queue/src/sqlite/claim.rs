@@ -2,10 +2,10 @@
 
 use std::collections::HashSet;
 
-use rusqlite::{params, Transaction};
+use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::GroupName;
 use wharf_store::event::from_micros;
-use wharf_store::SqliteStore;
+use wharf_store::{SqliteStore, StoreError};
 
 use super::headers_from;
 use crate::error::QueueError;
@@ -119,7 +119,9 @@ async fn anything_claimable(store: &SqliteStore, group: &GroupName) -> Result<bo
     Ok(store
         .read(move |conn| {
             Ok(conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM delivery WHERE group_name = ?1 AND visible_at <= ?2)",
+                "SELECT EXISTS (SELECT 1 FROM delivery WHERE group_name = ?1 AND visible_at <= ?2 \
+                   AND routed_by = (SELECT position FROM effective_declaration \
+                     WHERE group_name = ?1))",
                 params![group.as_str(), now],
                 |row| row.get(0),
             )?)
@@ -172,6 +174,11 @@ pub(crate) async fn ack(
                      WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
                 )?
                 .execute(params![group.as_str(), position, token])?;
+            let done = if done == 1 {
+                done
+            } else {
+                settle_set_aside(ctx.tx, group.as_str(), position, token)?
+            };
             Ok(if done == 1 {
                 AckOutcome::Acked
             } else {
@@ -179,6 +186,52 @@ pub(crate) async fn ack(
             })
         })
         .await?)
+}
+
+/// Settles a claim whose delivery a swap set aside while it was held (ADR 0014): the handler
+/// finished, so the message is done for the group.
+fn settle_set_aside(
+    tx: &Transaction<'_>,
+    group: &str,
+    position: i64,
+    token: i64,
+) -> Result<usize, rusqlite::Error> {
+    tx.prepare_cached(
+        "DELETE FROM set_aside WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+    )?
+    .execute(params![group, position, token])
+}
+
+/// Releases a claim whose delivery a swap set aside while it was held: the message stays set
+/// aside, no longer held, visible again after the backoff should an install bring it back.
+fn release_set_aside(
+    tx: &Transaction<'_>,
+    settings: &QueueSettings,
+    group: &str,
+    position: i64,
+    token: i64,
+    error: &str,
+    now: i64,
+) -> Result<NackOutcome, StoreError> {
+    let attempts: Option<i32> = tx
+        .prepare_cached(
+            "SELECT attempts FROM set_aside WHERE group_name = ?1 AND position = ?2 \
+               AND claim_token = ?3",
+        )?
+        .query_row(params![group, position, token], |row| row.get(0))
+        .optional()?;
+    let Some(attempts) = attempts else {
+        return Ok(NackOutcome::ClaimLost);
+    };
+    let visible_at = now + micros(settings.backoff(attempts));
+    tx.prepare_cached(
+        "UPDATE set_aside SET last_error = ?3, visible_at = ?4, claimed_by = NULL, \
+           claim_token = NULL WHERE group_name = ?1 AND position = ?2",
+    )?
+    .execute(params![group, position, error, visible_at])?;
+    Ok(NackOutcome::Retrying {
+        visible_at: from_micros(visible_at),
+    })
 }
 
 /// Acknowledges `(group, position, token)` claims in one transaction; returns the keys it
@@ -194,7 +247,9 @@ pub(crate) async fn ack_many(
             )?;
             let mut acked = HashSet::new();
             for (group, position, token) in keys {
-                if delete.execute(params![group, position, token])? == 1 {
+                if delete.execute(params![group, position, token])? == 1
+                    || settle_set_aside(ctx.tx, &group, position, token)? == 1
+                {
                     acked.insert((group, position, token));
                 }
             }
@@ -260,7 +315,7 @@ pub(crate) async fn nack(
                     e => Err(e),
                 })?;
             let Some(attempts) = attempts else {
-                return Ok(NackOutcome::ClaimLost);
+                return release_set_aside(ctx.tx, &settings, group.as_str(), position, token, &error, now);
             };
             if i64::from(attempts) >= i64::from(settings.max_attempts) {
                 bury(ctx.tx, &group, position, token, now, 0)?;

@@ -1,18 +1,14 @@
-//! Publishing, routing, retention and listing figures on SQLite.
+//! Publishing, retention and listing figures on SQLite.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{params, OptionalExtension};
-use wharf_domain::{GroupName, TopicName};
+use rusqlite::params;
+use wharf_domain::TopicName;
 use wharf_store::event::from_micros;
 use wharf_store::SqliteStore;
 
 use crate::error::QueueError;
-use crate::matchers::Matchers;
-use crate::message::{
-    EffectiveInstall, GroupQueueStats, OutgoingMessage, RetentionReport, RouteReport, TopicStats,
-};
+use crate::message::{GroupQueueStats, OutgoingMessage, RetentionReport, SwapRecord, TopicStats};
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -57,117 +53,14 @@ pub(crate) async fn publish(
         .await?)
 }
 
-/// Routes up to `batch` log positions for `group` (see the Postgres twin for the rules).
-pub(crate) async fn route(
-    store: &SqliteStore,
-    matchers: Arc<Matchers>,
-    group: &GroupName,
-    batch: i64,
-) -> Result<RouteReport, QueueError> {
-    if let Some(position) = caught_up(store, group).await? {
-        return Ok(RouteReport {
-            position,
-            ..RouteReport::default()
-        });
-    }
-    let group = group.clone();
-    store
-        .write(move |ctx| {
-            let tx = ctx.tx;
-            let cursor: Option<(String, i64)> = tx
-                .query_row(
-                    "SELECT topic, routed_position FROM consumer_group WHERE group_name = ?1",
-                    [group.as_str()],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()?;
-            let Some((topic, routed)) = cursor else {
-                return Ok(Err(QueueError::UnknownGroup(group.to_string())));
-            };
-            let mut stmt = tx.prepare_cached(
-                "SELECT e.position, b.pattern FROM effective_declaration e \
-                 LEFT JOIN binding b ON b.group_name = e.group_name WHERE e.group_name = ?1",
-            )?;
-            let set = stmt
-                .query_map([group.as_str()], |row| {
-                    Ok((row.get::<_, i64>(0)?, row.get::<_, Option<String>>(1)?))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            let Some(&(generation, _)) = set.first() else {
-                return Ok(Err(QueueError::UnknownGroup(group.to_string())));
-            };
-            let matcher = match matchers.get(&group, generation, set.into_iter().filter_map(|(_, p)| p)) {
-                Ok(matcher) => matcher,
-                Err(e) => return Ok(Err(e)),
-            };
-            let mut slice_stmt = tx.prepare_cached(
-                "SELECT position, subject FROM message WHERE topic = ?1 AND position > ?2 \
-                 ORDER BY position LIMIT ?3",
-            )?;
-            let slice = slice_stmt
-                .query_map(params![topic, routed, batch], |row| {
-                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            let Some(&(last, _)) = slice.last() else {
-                return Ok(Ok(RouteReport {
-                    position: routed,
-                    ..RouteReport::default()
-                }));
-            };
-            let now = ctx.now.timestamp_micros();
-            let mut insert = tx.prepare_cached(
-                "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-            )?;
-            let mut routed_count = 0u64;
-            for (position, subject) in &slice {
-                if matcher.matches_str(subject) {
-                    insert.execute(params![group.as_str(), topic, position, generation, now])?;
-                    routed_count += 1;
-                }
-            }
-            tx.prepare_cached(
-                "UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1",
-            )?
-            .execute(params![group.as_str(), last])?;
-            Ok(Ok(RouteReport {
-                scanned: slice.len() as u64,
-                routed: routed_count,
-                position: last,
-                busy: false,
-            }))
-        })
-        .await?
-}
-
-/// The group's cursor when it has routed up to its topic's head: a reader-side look that spares
-/// an idle consumer's poll the single writer. An unknown group is not "caught up", so the write
-/// path reports it.
-async fn caught_up(store: &SqliteStore, group: &GroupName) -> Result<Option<i64>, QueueError> {
-    let group = group.clone();
-    Ok(store
-        .read(move |conn| {
-            let row: Option<(i64, i64)> = conn
-                .query_row(
-                    "SELECT g.routed_position, COALESCE(t.head, 0) FROM consumer_group g \
-                     LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = ?1",
-                    [group.as_str()],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()?;
-            Ok(row.and_then(|(routed, head)| (routed >= head).then_some(routed)))
-        })
-        .await?)
-}
-
-/// The lowest position a topic must keep, for every group and for live groups only.
-const FLOORS: &str = "SELECT \
+/// The lowest position a topic must keep for its live groups: what each has not routed (or,
+/// after a swap, not rescanned) and what waits in its deliveries.
+const LIVE_FLOOR: &str = "SELECT \
        MIN(t.head + 1, \
-         COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name), t.head + 1), \
-         COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name), t.head + 1)), \
-       MIN(t.head + 1, \
-         COALESCE((SELECT MIN(g.routed_position) + 1 FROM consumer_group g WHERE g.topic = t.name \
+         COALESCE((SELECT MIN(MIN(g.routed_position + 1, \
+             CASE WHEN g.rescan_position <= g.rescan_until THEN g.rescan_position \
+                  ELSE g.routed_position + 1 END)) \
+           FROM consumer_group g WHERE g.topic = t.name \
            AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = g.group_name AND w.heartbeat_at > ?2)), t.head + 1), \
          COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name \
            AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = d.group_name AND w.heartbeat_at > ?2)), t.head + 1)) \
@@ -194,30 +87,36 @@ pub(crate) async fn retain(
     for topic in topics {
         loop {
             let topic = topic.clone();
-            let (messages, orphans) = store
+            let (messages, orphans, parked) = store
                 .write(move |ctx| {
                     let now = ctx.now.timestamp_micros();
-                    let (done_floor, live_floor): (i64, i64) = ctx.tx.query_row(
-                        FLOORS,
+                    let live_floor: i64 = ctx.tx.query_row(
+                        LIVE_FLOOR,
                         params![topic, now - micros(instance_ttl)],
-                        |row| Ok((row.get(0)?, row.get(1)?)),
+                        |row| row.get(0),
                     )?;
                     let messages = ctx.tx.execute(
                         "DELETE FROM message WHERE topic = ?1 AND position IN ( \
-                           SELECT position FROM message WHERE topic = ?1 AND (position < ?2 \
-                             OR (position < ?3 AND published_at < ?4)) ORDER BY position LIMIT ?5)",
-                        params![topic, done_floor, live_floor, now - micros(retention), batch],
+                           SELECT position FROM message WHERE topic = ?1 AND position < ?2 \
+                             AND published_at < ?3 ORDER BY position LIMIT ?4)",
+                        params![topic, live_floor, now - micros(retention), batch],
                     )?;
                     let orphans = ctx.tx.execute(
                         "DELETE FROM delivery WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
                          (SELECT 1 FROM message m WHERE m.topic = delivery.topic AND m.position = delivery.position)",
                         params![topic, live_floor],
                     )?;
-                    Ok((messages as u64, orphans as u64))
+                    let parked = ctx.tx.execute(
+                        "DELETE FROM set_aside WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
+                         (SELECT 1 FROM message m WHERE m.topic = set_aside.topic AND m.position = set_aside.position)",
+                        params![topic, live_floor],
+                    )?;
+                    Ok((messages as u64, orphans as u64, parked as u64))
                 })
                 .await?;
             report.messages += messages;
             report.orphaned_deliveries += orphans;
+            report.set_aside_dropped += parked;
             if (messages as i64) < batch {
                 break;
             }
@@ -267,7 +166,9 @@ pub(crate) async fn group_stats(
                    (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
                    (SELECT m.published_at FROM delivery d JOIN message m \
                       ON m.topic = d.topic AND m.position = d.position \
-                      WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1) \
+                      WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
+                   (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
+                   MAX(g.rescan_until - g.rescan_position + 1, 0) \
                  FROM consumer_group g WHERE ?1 IS NULL OR g.group_name = ?1 ORDER BY g.group_name",
             )?;
             let rows = stmt
@@ -286,6 +187,8 @@ pub(crate) async fn group_stats(
                         dead_letters: row.get(7)?,
                         oldest_unacked_seconds: oldest
                             .map(|at| (now - from_micros(at).timestamp_micros()) as f64 / 1e6),
+                        set_aside: row.get(9)?,
+                        rescan_remaining: row.get(10)?,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -294,27 +197,53 @@ pub(crate) async fn group_stats(
         .await?)
 }
 
-/// The install in effect for `group`.
-pub(crate) async fn effective_install(
+/// The installs the group's routing applied, newest first.
+pub(crate) async fn swaps(
     store: &SqliteStore,
-    group: &GroupName,
-) -> Result<Option<EffectiveInstall>, QueueError> {
-    let group = group.clone();
-    let row: Option<(i64, String)> = store
+    group: &wharf_domain::GroupName,
+    limit: i64,
+) -> Result<Vec<SwapRecord>, QueueError> {
+    let group = group.to_string();
+    let rows = store
         .read(move |conn| {
-            Ok(conn
-                .prepare_cached(
-                    "SELECT position, patterns FROM effective_declaration WHERE group_name = ?1",
-                )?
-                .query_row([group.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
-                .optional()?)
+            let mut stmt = conn.prepare_cached(
+                "SELECT install, patterns, applied_at, kept, set_aside, restored, rescan_from, \
+                   from_position - 1 FROM route_generation WHERE group_name = ?1 \
+                 ORDER BY install DESC LIMIT ?2",
+            )?;
+            let rows = stmt
+                .query_map(params![group, limit], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i64>(2)?,
+                        [
+                            row.get(3)?,
+                            row.get(4)?,
+                            row.get(5)?,
+                            row.get(6)?,
+                            row.get(7)?,
+                        ],
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
         })
         .await?;
-    row.map(|(position, patterns)| {
-        Ok(EffectiveInstall {
-            position,
-            patterns: serde_json::from_str(&patterns)?,
-        })
-    })
-    .transpose()
+    rows.into_iter()
+        .map(
+            |(install, patterns, applied_at, [kept, set_aside, restored, from, until])| {
+                Ok(SwapRecord {
+                    install,
+                    patterns: serde_json::from_str(&patterns)?,
+                    applied_at: from_micros(applied_at),
+                    kept,
+                    set_aside,
+                    restored,
+                    rescan_from: from,
+                    rescan_until: until,
+                })
+            },
+        )
+        .collect()
 }

@@ -4,9 +4,11 @@
 
 mod claim;
 mod log;
+mod route;
 
 pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
-pub(crate) use log::{effective_install, group_stats, publish, retain, route, topic_stats};
+pub(crate) use log::{group_stats, publish, retain, swaps, topic_stats};
+pub(crate) use route::{effective_install, route};
 
 fn headers_from(text: &str) -> crate::message::Headers {
     serde_json::from_str(text).unwrap_or_default()

@@ -1,0 +1,384 @@
+//! Routing on SQLite, and applying a swap at the first step after it (see the Postgres twin
+//! and `generations.rs` for the rules, ADR 0014). Every step is one write transaction on the
+//! single writer, so the install it reads cannot change under it.
+
+use std::sync::Arc;
+
+use rusqlite::{params, OptionalExtension, Transaction};
+use wharf_domain::{BindingMatcher, GroupName};
+use wharf_store::SqliteStore;
+
+use crate::error::QueueError;
+use crate::generations::{delivers, rescan_start, restorable, split_pending, Generation, History};
+use crate::matchers::Matchers;
+use crate::message::{EffectiveInstall, RouteReport, SwapReport};
+
+/// A group's routing state.
+struct Cursor {
+    topic: String,
+    routed_position: i64,
+    routed_install: i64,
+    start_position: Option<i64>,
+    rescan_position: i64,
+    rescan_until: i64,
+}
+
+/// Routes up to `batch` log positions for `group`.
+pub(crate) async fn route(
+    store: &SqliteStore,
+    matchers: Arc<Matchers>,
+    group: &GroupName,
+    batch: i64,
+) -> Result<RouteReport, QueueError> {
+    if let Some(position) = caught_up(store, group).await? {
+        return Ok(RouteReport {
+            position,
+            ..RouteReport::default()
+        });
+    }
+    let group = group.clone();
+    store
+        .write_or_rollback(move |ctx| {
+            let routed = step(ctx.tx, ctx.now.timestamp_micros(), &matchers, &group, batch);
+            let commit = routed.is_ok();
+            Ok((routed, commit))
+        })
+        .await?
+}
+
+/// One routing step inside the write transaction.
+fn step(
+    tx: &Transaction<'_>,
+    now: i64,
+    matchers: &Matchers,
+    group: &GroupName,
+    batch: i64,
+) -> Result<RouteReport, QueueError> {
+    let Some(mut cursor) = read_cursor(tx, group)? else {
+        return Err(QueueError::UnknownGroup(group.to_string()));
+    };
+    let Some(install) = read_install(tx, group)? else {
+        return Err(QueueError::UnknownGroup(group.to_string()));
+    };
+    let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
+    let mut report = RouteReport::default();
+    if cursor.routed_install != install.position {
+        report.swap = Some(apply(tx, now, group, &mut cursor, &install, &matcher)?);
+    }
+    let forward = read_slice(
+        tx,
+        &cursor.topic,
+        cursor.routed_position + 1,
+        i64::MAX,
+        batch,
+    )?;
+    let mut matched: Vec<i64> = forward
+        .iter()
+        .filter(|(_, subject)| matcher.matches_str(subject))
+        .map(|(position, _)| *position)
+        .collect();
+    let mut rescan_position = cursor.rescan_position;
+    if cursor.rescan_position <= cursor.rescan_until {
+        let slice = read_slice(
+            tx,
+            &cursor.topic,
+            cursor.rescan_position,
+            cursor.rescan_until,
+            batch,
+        )?;
+        if let (Some(&(first, _)), Some(&(last, _))) = (slice.first(), slice.last()) {
+            let history = history(tx, matchers, group, install.position, first, last)?;
+            matched.extend(
+                slice
+                    .iter()
+                    .filter(|(position, subject)| delivers(&matcher, &history, *position, subject))
+                    .map(|(position, _)| *position),
+            );
+        }
+        rescan_position = match slice.last() {
+            Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
+            _ => cursor.rescan_until + 1,
+        };
+        report.rescanned = slice.len() as u64;
+        report.rescan_pending = rescan_position <= cursor.rescan_until;
+    }
+    let mut insert = tx.prepare_cached(
+        "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+    )?;
+    for position in &matched {
+        insert.execute(params![
+            group.as_str(),
+            cursor.topic,
+            position,
+            install.position,
+            now
+        ])?;
+    }
+    let routed_position = forward
+        .last()
+        .map_or(cursor.routed_position, |&(last, _)| last);
+    tx.prepare_cached(
+        "UPDATE consumer_group SET routed_position = ?2, rescan_position = ?3 WHERE group_name = ?1",
+    )?
+    .execute(params![group.as_str(), routed_position, rescan_position])?;
+    report.scanned = forward.len() as u64;
+    report.routed = matched.len() as u64;
+    report.position = routed_position;
+    Ok(report)
+}
+
+/// Up to `batch` log rows of `topic` in `from..=until`, in position order.
+fn read_slice(
+    tx: &Transaction<'_>,
+    topic: &str,
+    from: i64,
+    until: i64,
+    batch: i64,
+) -> Result<Vec<(i64, String)>, QueueError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
+               AND position <= ?3 ORDER BY position LIMIT ?4",
+        )?
+        .query_map(params![topic, from, until, batch], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
+fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>, QueueError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT topic, routed_position, routed_install, start_position, rescan_position, \
+               rescan_until FROM consumer_group WHERE group_name = ?1",
+        )?
+        .query_row([group.as_str()], |row| {
+            Ok(Cursor {
+                topic: row.get(0)?,
+                routed_position: row.get(1)?,
+                routed_install: row.get(2)?,
+                start_position: row.get(3)?,
+                rescan_position: row.get(4)?,
+                rescan_until: row.get(5)?,
+            })
+        })
+        .optional()?)
+}
+
+fn read_install(
+    conn: &rusqlite::Connection,
+    group: &GroupName,
+) -> Result<Option<EffectiveInstall>, QueueError> {
+    let row: Option<(i64, String)> = conn
+        .prepare_cached(
+            "SELECT position, patterns FROM effective_declaration WHERE group_name = ?1",
+        )?
+        .query_row([group.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    row.map(|(position, patterns)| {
+        Ok(EffectiveInstall {
+            position,
+            patterns: serde_json::from_str(&patterns)?,
+        })
+    })
+    .transpose()
+}
+
+/// Aligns the group's routing with `install` (see the Postgres twin).
+fn apply(
+    tx: &Transaction<'_>,
+    now: i64,
+    group: &GroupName,
+    cursor: &mut Cursor,
+    install: &EffectiveInstall,
+    matcher: &BindingMatcher,
+) -> Result<SwapReport, QueueError> {
+    let g = group.as_str();
+    let start = cursor.start_position.unwrap_or(cursor.routed_position + 1);
+    tx.execute(
+        "UPDATE route_generation SET through_position = ?3, rescan_through = ?4 \
+         WHERE group_name = ?1 AND install = ?2 AND through_position IS NULL",
+        params![
+            g,
+            cursor.routed_install,
+            cursor.routed_position,
+            (cursor.rescan_position - 1).min(cursor.rescan_until)
+        ],
+    )?;
+    let pending = tx
+        .prepare(
+            "SELECT d.position, m.subject FROM delivery d \
+             LEFT JOIN message m ON m.topic = d.topic AND m.position = d.position \
+             WHERE d.group_name = ?1 AND d.routed_by <> ?2",
+        )?
+        .query_map(params![g, install.position], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, Option<String>>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let (kept, aside) = split_pending(matcher, &pending);
+    let mut restamp =
+        tx.prepare("UPDATE delivery SET routed_by = ?3 WHERE group_name = ?1 AND position = ?2")?;
+    for position in &kept {
+        restamp.execute(params![g, position, install.position])?;
+    }
+    let mut park = tx.prepare(
+        "INSERT OR IGNORE INTO set_aside (group_name, topic, position, routed_by, routed_at, \
+           attempts, visible_at, claimed_by, claim_token, last_error, set_aside_by, set_aside_at) \
+         SELECT group_name, topic, position, routed_by, routed_at, attempts, visible_at, \
+           claimed_by, claim_token, last_error, ?3, ?4 \
+         FROM delivery WHERE group_name = ?1 AND position = ?2",
+    )?;
+    let mut unroute = tx.prepare("DELETE FROM delivery WHERE group_name = ?1 AND position = ?2")?;
+    for position in &aside {
+        park.execute(params![g, position, install.position, now])?;
+        unroute.execute(params![g, position])?;
+    }
+    let parked = tx
+        .prepare(
+            "SELECT s.position, m.subject FROM set_aside s \
+             JOIN message m ON m.topic = s.topic AND m.position = s.position \
+             WHERE s.group_name = ?1",
+        )?
+        .query_map([g], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let restore = restorable(matcher, &parked);
+    let mut back = tx.prepare(
+        "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, \
+           attempts, visible_at, claimed_by, claim_token, last_error) \
+         SELECT group_name, topic, position, ?3, routed_at, attempts, visible_at, claimed_by, \
+           claim_token, last_error FROM set_aside WHERE group_name = ?1 AND position = ?2",
+    )?;
+    let mut unpark = tx.prepare("DELETE FROM set_aside WHERE group_name = ?1 AND position = ?2")?;
+    for position in &restore {
+        back.execute(params![g, position, install.position])?;
+        unpark.execute(params![g, position])?;
+    }
+    let oldest: Option<i64> = tx.query_row(
+        "SELECT MIN(position) FROM message WHERE topic = ?1",
+        [&cursor.topic],
+        |row| row.get(0),
+    )?;
+    let report = SwapReport {
+        install: install.position,
+        kept: kept.len() as u64,
+        set_aside: aside.len() as u64,
+        restored: restore.len() as u64,
+        rescan_from: rescan_start(start, oldest, cursor.routed_position),
+        rescan_until: cursor.routed_position,
+    };
+    tx.execute(
+        "INSERT OR IGNORE INTO route_generation (group_name, install, patterns, from_position, \
+           rescan_from, set_aside, restored, kept, applied_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            g,
+            install.position,
+            serde_json::to_string(&install.patterns)?,
+            cursor.routed_position + 1,
+            report.rescan_from,
+            report.set_aside as i64,
+            report.restored as i64,
+            report.kept as i64,
+            now
+        ],
+    )?;
+    tx.execute(
+        "UPDATE consumer_group SET start_position = ?2, routed_install = ?3, \
+           rescan_position = ?4, rescan_until = ?5 WHERE group_name = ?1",
+        params![
+            g,
+            start,
+            install.position,
+            report.rescan_from,
+            report.rescan_until
+        ],
+    )?;
+    tracing::info!(
+        group = g,
+        ?report,
+        "applied the group's new install to its routing"
+    );
+    cursor.start_position = Some(start);
+    cursor.routed_install = install.position;
+    cursor.rescan_position = report.rescan_from;
+    cursor.rescan_until = report.rescan_until;
+    Ok(report)
+}
+
+/// The earlier installs whose ranges overlap `first..=last`, with their compiled sets.
+fn history(
+    tx: &Transaction<'_>,
+    matchers: &Matchers,
+    group: &GroupName,
+    current: i64,
+    first: i64,
+    last: i64,
+) -> Result<History, QueueError> {
+    let rows = tx
+        .prepare_cached(
+            "SELECT install, patterns, from_position, through_position, rescan_from, \
+               rescan_through FROM route_generation \
+             WHERE group_name = ?1 AND install <> ?2 AND through_position IS NOT NULL \
+               AND ((from_position <= ?4 AND through_position >= ?3) \
+                 OR (rescan_from <= ?4 AND rescan_through >= ?3))",
+        )?
+        .query_map(params![group.as_str(), current, first, last], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                (row.get::<_, i64>(2)?, row.get::<_, i64>(3)?),
+                (row.get::<_, i64>(4)?, row.get::<_, i64>(5)?),
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut generations = Vec::with_capacity(rows.len());
+    for (install, patterns, forward, rescan) in rows {
+        let patterns: Vec<String> = serde_json::from_str(&patterns)?;
+        generations.push(Generation {
+            forward,
+            rescan,
+            matcher: matchers.get(group, install, patterns.into_iter())?,
+        });
+    }
+    Ok(History(generations))
+}
+
+/// A reader-side look: the cursor when the group is caught up, aligned with its install and
+/// done rescanning, so an idle poll takes no write transaction.
+async fn caught_up(store: &SqliteStore, group: &GroupName) -> Result<Option<i64>, QueueError> {
+    let group = group.clone();
+    Ok(store
+        .read(move |conn| {
+            let row: Option<(i64, i64, bool)> = conn
+                .prepare_cached(
+                    "SELECT g.routed_position, COALESCE(t.head, 0), \
+                       g.routed_install = COALESCE(e.position, g.routed_install) \
+                       AND g.rescan_position > g.rescan_until \
+                     FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
+                     LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
+                     WHERE g.group_name = ?1",
+                )?
+                .query_row([group.as_str()], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .optional()?;
+            Ok(row
+                .and_then(|(routed, head, aligned)| (aligned && routed >= head).then_some(routed)))
+        })
+        .await?)
+}
+
+/// The install in effect for `group`.
+pub(crate) async fn effective_install(
+    store: &SqliteStore,
+    group: &GroupName,
+) -> Result<Option<EffectiveInstall>, QueueError> {
+    let group = group.clone();
+    let read = store
+        .read(move |conn| Ok(read_install(conn, &group)))
+        .await?;
+    read
+}
