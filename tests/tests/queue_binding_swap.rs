@@ -527,10 +527,11 @@ async fn run_model(backend: Backend, ops: Vec<Op>) {
             queue.ack(c).await.unwrap();
         }
         let s = queue.group_stats(Some(&group())).await.unwrap().remove(0);
-        if got.is_empty() && s.routed_lag == 0 && s.rescan_remaining == 0 && s.claimable == 0 {
-            if s.in_flight + s.backing_off == 0 {
-                break;
-            }
+        let settled = s.routed_lag == 0
+            && s.rescan_remaining == 0
+            && s.claimable + s.in_flight + s.backing_off == 0;
+        if got.is_empty() && settled {
+            break;
         }
         assert!(
             start.elapsed() < DEADLINE,
