@@ -4,6 +4,7 @@
 //!   over many heartbeats, one's `shutdown` keeps the other's heartbeat row);
 //! - liveness is bounded by the instance TTL: an instance cut off from its store stops being
 //!   ready within the TTL, and after the store comes back it declares again before it claims;
+//!   one whose heartbeat is confirmed again before the TTL passes resumes under its install;
 //! - claims are fenced by the install an instance joined: once another declarer has installed a
 //!   new set, the old instance's runtime claims nothing and the instance re-declares.
 
@@ -458,6 +459,54 @@ async fn an_instance_cut_off_past_its_ttl_redeclares_before_it_claims(backend: B
 on_both_backends!(
     cut_off_past_the_ttl,
     an_instance_cut_off_past_its_ttl_redeclares_before_it_claims
+);
+
+async fn a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_install(
+    backend: Backend,
+) {
+    let store = TestStore::new(backend).await;
+    // A 3 s TTL: a call's deadline is 1 s, and the outage below ends well before the lapse.
+    let config = config(&store, timings(50, 3_000));
+    let (mut outage, consumer_store) = Outage::new(&store).await;
+    let wharf = Wharf::with_store(consumer_store, &config);
+    let consumer = wharf.consume(registration(&["orders/#"]));
+    ready(&consumer, "the consumer").await;
+    let before = joined(&consumer.state());
+    let states = record_states(&consumer);
+
+    outage.cut().await;
+    let cut_at = Instant::now();
+    reach(
+        &consumer,
+        "stalled on an unconfirmed heartbeat",
+        |s| matches!(s, ConsumerState::Stalled { reason } if reason.starts_with("heartbeat")),
+    )
+    .await;
+    outage.restore().await;
+    // Restored within the TTL (the lapse is no earlier than the cut plus the TTL): ready again.
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(2),
+        "the outage outlasted the margin this test needs: {:?}",
+        cut_at.elapsed()
+    );
+    reach(&consumer, "consuming again", ConsumerState::is_ready).await;
+    assert_eq!(
+        joined(&consumer.state()),
+        before,
+        "the same install, without declaring again"
+    );
+    let recorded = states.lock().unwrap().clone();
+    assert!(
+        !recorded
+            .iter()
+            .any(|s| matches!(s, ConsumerState::Declaring)),
+        "no re-declaration within the TTL: {recorded:?}"
+    );
+    consumer.shutdown().await;
+}
+on_both_backends!(
+    confirmed_within_the_ttl,
+    a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_install
 );
 
 // ---------------------------------------------------------------------------------------------
