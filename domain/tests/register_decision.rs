@@ -239,6 +239,34 @@ fn waiting_outcome_names_incumbent_live_declarers_and_declared_at() {
     assert!(!outcome.may_consume());
 }
 
+/// Two consumer instances of one process (`host:1:ab/1`, `host:1:ab/2`, ADR 0015) are two
+/// declarers: the second one's different set waits on the first, while an instance never waits
+/// on its own row (it re-declares after its own heartbeat lapsed, say).
+#[test]
+fn instances_of_one_process_are_separate_declarers() {
+    let history = [stored("host:1:ab/1", set(&["a/#"]))];
+    let second = Register {
+        live_instances: vec![live("host:1:ab/1", &["a/#"])],
+        ..register("host:1:ab/2", set(&["b/#"]), t(5))
+    };
+    assert_eq!(
+        decide_ok(&history, &second),
+        RegisterOutcome::Waiting {
+            incumbent: set(&["a/#"]),
+            live_declarers: vec![declarer("host:1:ab/1")],
+            declared_at: t(5),
+        }
+    );
+    let itself = Register {
+        live_instances: vec![live("host:1:ab/1", &["a/#"])],
+        ..register("host:1:ab/1", set(&["b/#"]), t(5))
+    };
+    assert!(matches!(
+        decide_ok(&history, &itself),
+        RegisterOutcome::Installed { .. }
+    ));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. and 5. Different set, no live declarer of the stored set: swap
 // ---------------------------------------------------------------------------------------------

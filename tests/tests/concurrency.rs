@@ -241,9 +241,9 @@ async fn racers_wait_on_a_live_incumbent(backend: Backend) {
     config.declarations.instance_ttl = Duration::from_secs(30);
     let wharf = Wharf::with_store(ts.store.clone(), &config);
 
-    let incumbent_id = declarer("incumbent");
+    // Its consumer is the instance `incumbent/1`: the declarer the racers wait on.
     let incumbent = wharf
-        .as_declarer(incumbent_id.clone())
+        .as_declarer(declarer("incumbent"))
         .consume(registration("guarded", "0.9.0", 0));
     let mut state = incumbent.watch();
     tokio::time::timeout(
@@ -254,6 +254,7 @@ async fn racers_wait_on_a_live_incumbent(backend: Backend) {
     .unwrap_or_else(|_| panic!("the incumbent never became ready: {:?}", incumbent.state()))
     .expect("state channel");
     drop(state);
+    let incumbent_id = incumbent.declarer().clone();
     let before = checked_ledger(&wharf, "guarded").await;
     assert_eq!(before.len(), 1, "the incumbent installed its set once");
 

@@ -440,28 +440,36 @@ async fn shutdown_drains_running_handlers_before_leaving(backend: Backend) {
     let still_live_when_done = Arc::new(AtomicBool::new(false));
     let handler = {
         let (finished, still_live) = (finished.clone(), still_live_when_done.clone());
-        let (store, declarer) = (wharf.store().clone(), wharf.declarer().to_string());
-        handler_fn(move |_message: Claimed| {
-            let (started, finished, still_live) =
-                (started.clone(), finished.clone(), still_live.clone());
-            let (store, declarer) = (store.clone(), declarer.clone());
-            async move {
-                started.send_replace(true);
-                tokio::time::sleep(Duration::from_millis(200)).await; // the work itself
-                let instances = store
-                    .instances(None)
-                    .await
-                    .map_err(HandlerError::from_error)?;
-                still_live.store(
-                    instances.iter().any(|i| i.declarer == declarer),
-                    Ordering::SeqCst,
-                );
-                finished.store(true, Ordering::SeqCst);
-                Ok(())
-            }
-        })
+        // The consumer's own instance identity, known once it has started.
+        let (store, declarer) = (wharf.store().clone(), Arc::new(Mutex::new(String::new())));
+        let named = declarer.clone();
+        (
+            named,
+            handler_fn(move |_message: Claimed| {
+                let (started, finished, still_live) =
+                    (started.clone(), finished.clone(), still_live.clone());
+                let (store, declarer) = (store.clone(), declarer.clone());
+                async move {
+                    started.send_replace(true);
+                    tokio::time::sleep(Duration::from_millis(200)).await; // the work itself
+                    let instances = store
+                        .instances(None)
+                        .await
+                        .map_err(HandlerError::from_error)?;
+                    let declarer = declarer.lock().unwrap().clone();
+                    still_live.store(
+                        instances.iter().any(|i| i.declarer == declarer),
+                        Ordering::SeqCst,
+                    );
+                    finished.store(true, Ordering::SeqCst);
+                    Ok(())
+                }
+            }),
+        )
     };
+    let (named, handler) = handler;
     let consumer = wharf.consume_with(registration(&["orders/#"]), handler);
+    *named.lock().unwrap() = consumer.declarer().to_string();
     ready(&consumer, "the consumer").await;
     publish(&wharf, &["orders/slow"]).await;
     tokio::time::timeout(DEADLINE, has_started.wait_for(|s| *s))

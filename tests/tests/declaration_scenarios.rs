@@ -99,7 +99,11 @@ async fn rolling_deploy_converges_when_old_heartbeats_lapse(backend: Backend) {
     let DeclarationEvent::Installed { attempt, previous } = events.last().unwrap() else {
         panic!("the last ledger entry must be the install: {events:?}");
     };
-    assert_eq!(attempt.declarer.as_str(), "new-a");
+    assert_eq!(
+        attempt.declarer.as_str(),
+        "new-a/1",
+        "new-a's consumer instance"
+    );
     assert_eq!(previous.as_ref().unwrap().patterns(), vec!["orders/+/paid"]);
     assert!(
         attempt.declared_at < attempt.attempt_at,
@@ -177,7 +181,7 @@ async fn divergent_apps_first_wins_second_waits_forever(backend: Backend) {
         panic!("app-y should be waiting: {:?}", second.state());
     };
     assert_eq!(incumbent.patterns(), vec!["orders/eu/#"]);
-    assert_eq!(live_declarers[0].as_str(), "app-x");
+    assert_eq!(live_declarers[0].as_str(), "app-x/1");
     first.shutdown().await;
     second.shutdown().await;
 }
@@ -201,7 +205,7 @@ async fn a_dead_waiter_shows_its_age(backend: Backend) {
             let view = read.group(&group()).await.unwrap().unwrap();
             view.waiters
                 .iter()
-                .any(|w| w.declarer == "doomed" && w.silent_seconds > 0.3)
+                .any(|w| w.declarer == "doomed/1" && w.silent_seconds > 0.3)
         }
     })
     .await;
@@ -209,7 +213,7 @@ async fn a_dead_waiter_shows_its_age(backend: Backend) {
     let dead = view
         .waiters
         .iter()
-        .find(|w| w.declarer == "doomed")
+        .find(|w| w.declarer == "doomed/1")
         .unwrap();
     assert_eq!(dead.patterns, vec!["b/#"]);
     assert_eq!(dead.incumbent, vec!["a/#"]);
@@ -217,7 +221,7 @@ async fn a_dead_waiter_shows_its_age(backend: Backend) {
     assert!(dead.declared_at <= dead.last_attempt_at);
     let live: Vec<_> = view.instances.iter().filter(|i| i.live).collect();
     assert_eq!(live.len(), 1);
-    assert_eq!(live[0].declarer, "incumbent");
+    assert_eq!(live[0].declarer, "incumbent/1");
     incumbent.shutdown().await;
 }
 on_both_backends!(dead_waiter, a_dead_waiter_shows_its_age);
@@ -279,7 +283,7 @@ async fn register_reports_each_outcome(backend: Backend) {
     };
     assert_eq!(incumbent.patterns(), vec!["x/+", "y/#"]);
     assert_eq!(live_declarers.len(), 1);
-    assert_eq!(live_declarers[0].as_str(), "a");
+    assert_eq!(live_declarers[0].as_str(), "a/1", "a's consumer instance");
     live.shutdown().await;
     let swapped = b.register(&registration("2", &["z"])).await.unwrap();
     assert!(matches!(

@@ -60,12 +60,27 @@ pub struct DeclarationConfig {
     /// timeout: deadline policy belongs to the orchestrator's readiness probe.
     #[serde(with = "humantime_serde")]
     pub retry_interval: Duration,
-    /// How often a consuming instance heartbeats.
+    /// How often a consuming instance heartbeats. Must be below half of `instance_ttl`.
     #[serde(with = "humantime_serde")]
     pub heartbeat_interval: Duration,
     /// How old a heartbeat may be, by the store's clock, for its instance to count as live.
+    /// It also bounds a consumer's readiness: a consumer whose heartbeat has not been confirmed
+    /// for this long stops being ready and claiming, and re-declares before it claims again.
+    /// Every store call of a consumer gets a third of it as its deadline.
     #[serde(with = "humantime_serde")]
     pub instance_ttl: Duration,
+}
+
+impl DeclarationConfig {
+    /// The deadline of every store call on a consumer's path (a declaration attempt, a
+    /// heartbeat, the effective-install read, a leave, a fetch): a third of `instance_ttl`.
+    ///
+    /// A third leaves time for a retry before an instance's heartbeat row can lapse (the last
+    /// confirmed heartbeat plus the TTL), yet does not abandon a store that is merely slow.
+    /// Never below a millisecond, even for an unvalidated configuration.
+    pub fn call_deadline(&self) -> Duration {
+        (self.instance_ttl / 3).max(Duration::from_millis(1))
+    }
 }
 
 impl Default for DeclarationConfig {
@@ -419,6 +434,35 @@ mod tests {
         assert!(err.to_string().contains("instance_ttl"), "{err}");
         let err = Config::load(None, env(&[("WHARF_STORE__URL", "mysql://x")])).unwrap_err();
         assert!(err.to_string().contains("store.url"), "{err}");
+    }
+
+    #[test]
+    fn a_heartbeat_interval_too_close_to_the_ttl_names_both_values() {
+        let err = Config::load(
+            None,
+            env(&[
+                ("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "10s"),
+                ("WHARF_DECLARATIONS__INSTANCE_TTL", "15s"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("declarations.instance_ttl (15s)")
+                && err.contains("declarations.heartbeat_interval (10s)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn store_calls_of_a_consumer_get_a_third_of_the_ttl() {
+        let defaults = DeclarationConfig::default();
+        assert_eq!(defaults.call_deadline(), Duration::from_secs(10));
+        let broken = DeclarationConfig {
+            instance_ttl: Duration::ZERO,
+            ..defaults
+        };
+        assert_eq!(broken.call_deadline(), Duration::from_millis(1));
     }
 
     #[test]

@@ -1,26 +1,48 @@
-//! The consuming instance's declaration lifecycle: wait, join, heartbeat, leave.
+//! The consuming instance's declaration lifecycle: wait, join, learn the install, heartbeat,
+//! leave.
 //!
 //! A consumer started with a handler also runs the claim loop (`runtime`) beside this lifecycle;
-//! the loop claims only while the state is [`ConsumerState::Consuming`].
+//! the loop claims only while the state is [`ConsumerState::Consuming`], and only under the
+//! install that state names.
+//!
+//! Each consumer is its own instance (ADR 0015): its own declarer identity (the process's plus
+//! `/N`) and its own heartbeat row, so two consumers of one group in one process behave exactly
+//! like two processes.
 //!
 //! `consume` re-attempts the declaration on an interval until it joins or installs (even when
 //! `register` already installed: between the two calls the instance had no heartbeat, so another
 //! declarer may have replaced the set). While waiting it logs loudly at warn and is never ready.
-//! Once joined it heartbeats; if its heartbeat row is gone or the group's effective set is no
-//! longer its own, it stops being ready and goes back to declaring. On shutdown it stops claiming,
-//! drains its running handlers (heartbeating meanwhile, so its set stays in effect while they
-//! finish), and only then leaves, so a waiting new set does not have to wait for this instance's
-//! heartbeat to lapse.
+//! Once joined it reads the group's install in effect; if that install's set is its own, the
+//! install's ledger position is the instance's fence, published in `Consuming { install, .. }`
+//! (the claim loop fetches with it, and a fenced fetch makes the lifecycle re-declare);
+//! otherwise it declares again.
+//!
+//! Once consuming it heartbeats, and checks after each heartbeat that the group's install is
+//! still the one it joined; if its heartbeat row is gone or the install moved on, it stops being
+//! ready and goes back to declaring. Liveness is bounded by `instance_ttl`: every store call on
+//! this path has a deadline of a third of the TTL (`DeclarationConfig::call_deadline`); a failed
+//! or late heartbeat makes the instance `Stalled` (not ready, no claims) at once, and once no
+//! heartbeat has been confirmed for the TTL (measured on the monotonic clock from the moment the
+//! last confirmed call was sent), the group may already count the instance as gone, so it
+//! re-declares (and may wait) before it claims again. A heartbeat confirmed again within the TTL
+//! resumes consuming under the same install.
+//!
+//! On shutdown it stops claiming, drains its running handlers (heartbeating meanwhile, so its
+//! set stays in effect while they finish), and only then leaves, so a waiting new set does not
+//! have to wait for this instance's heartbeat to lapse.
 
+use std::fmt::Display;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{error, info, warn, Instrument};
 use wharf_domain::{BindingSet, DeclarerId, RegisterOutcome};
-use wharf_projections::ReadModel;
+use wharf_queue::{EffectiveInstall, Queue};
 use wharf_store::Store;
 
 use crate::config::DeclarationConfig;
@@ -31,7 +53,8 @@ use crate::runtime::{ConsumerStats, Counters, Runtime};
 /// Where a consumer is in its lifecycle.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ConsumerState {
-    /// The first attempt has not finished yet.
+    /// The first attempt has not finished yet, or the instance is declaring again (its
+    /// heartbeat lapsed, or the group's install moved on).
     Declaring,
     /// A live incumbent declares a different set; this instance waits and does not consume.
     Waiting {
@@ -48,8 +71,15 @@ pub enum ConsumerState {
     Consuming {
         /// The set it consumes with.
         bindings: BindingSet,
+        /// The install it joined (the ledger position of the group's `Installed` event): its
+        /// claims are fenced by it, and hand out nothing once the group's install moves on.
+        install: i64,
+        /// How many times this instance has joined or installed: 1 after its first
+        /// declaration, one more after each re-declaration (after a lapse or a fence).
+        joins: u64,
     },
-    /// The store could not be reached to attempt or to heartbeat; not ready until it can.
+    /// The store could not be reached to attempt or to heartbeat (an error, or no answer
+    /// within the call's deadline); not ready and not claiming until it can.
     Stalled {
         /// The last error.
         reason: String,
@@ -78,6 +108,7 @@ impl ConsumerState {
 /// after the visibility timeout, and the heartbeat row stays until it lapses after the instance
 /// TTL.
 pub struct Consumer {
+    declarer: DeclarerId,
     state: watch::Receiver<ConsumerState>,
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<()>>,
@@ -93,6 +124,12 @@ impl Drop for Consumer {
 }
 
 impl Consumer {
+    /// This instance's declarer identity (the process's plus `/N`): the name of its heartbeat
+    /// row, and what its declaration attempts record.
+    pub fn declarer(&self) -> &DeclarerId {
+        &self.declarer
+    }
+
     /// The current state.
     pub fn state(&self) -> ConsumerState {
         self.state.borrow().clone()
@@ -131,7 +168,8 @@ impl Consumer {
 pub(crate) struct Lifecycle {
     pub states: GroupStates,
     pub store: Store,
-    pub read: ReadModel,
+    pub queue: Queue,
+    /// This instance's own identity (see [`crate::declarer`]).
     pub declarer: DeclarerId,
     pub registration: Registration,
     pub settings: DeclarationConfig,
@@ -145,6 +183,7 @@ pub(crate) fn start(lifecycle: Lifecycle, runtime: Option<Runtime>) -> Consumer 
         .as_ref()
         .map(|runtime| runtime.counters.clone())
         .unwrap_or_default();
+    let declarer = lifecycle.declarer.clone();
     let span = tracing::info_span!(
         "consume",
         group = %lifecycle.registration.group,
@@ -153,6 +192,7 @@ pub(crate) fn start(lifecycle: Lifecycle, runtime: Option<Runtime>) -> Consumer 
     );
     let task = tokio::spawn(supervise(lifecycle, runtime, state_tx, stop_rx).instrument(span));
     Consumer {
+        declarer,
         state,
         stop,
         task: Some(task),
@@ -163,23 +203,29 @@ pub(crate) fn start(lifecycle: Lifecycle, runtime: Option<Runtime>) -> Consumer 
 /// Runs the lifecycle (and the claim loop, if any) until stopped, then leaves.
 ///
 /// With a claim loop, a stop first ends claiming; the lifecycle keeps heartbeating until the
-/// loop has drained, so the instance leaves only once no handler of it runs any more.
+/// loop has drained, so the instance leaves only once no handler of it runs any more. The claim
+/// loop reports a fenced fetch on `fenced` (the install it was fenced from); the lifecycle then
+/// re-declares.
 async fn supervise(
     lifecycle: Lifecycle,
     runtime: Option<Runtime>,
     state: watch::Sender<ConsumerState>,
     stop: watch::Receiver<bool>,
 ) {
+    let (fenced_tx, fenced) = watch::channel(None);
     match runtime {
-        None => lifecycle.run(&state, stop.clone(), stop).await,
+        None => {
+            lifecycle.run(&state, stop.clone(), stop, fenced).await;
+            drop(fenced_tx);
+        }
         Some(runtime) => {
             let (halt_tx, halt) = watch::channel(false);
-            let claims = runtime.run(state.subscribe(), stop.clone());
+            let claims = runtime.run(state.subscribe(), stop.clone(), fenced_tx);
             let claims = async move {
                 claims.await;
                 halt_tx.send_replace(true);
             };
-            tokio::join!(lifecycle.run(&state, stop, halt), claims);
+            tokio::join!(lifecycle.run(&state, stop, halt, fenced), claims);
         }
     }
     lifecycle.leave().await;
@@ -192,6 +238,23 @@ enum Interrupt {
     Redeclare,
 }
 
+/// A declaration in effect for this instance.
+struct Joined {
+    /// The install it joined: its fence.
+    install: i64,
+    /// When the call that last confirmed its heartbeat was sent. The row's heartbeat is no
+    /// older than this, so it cannot lapse (by the store's clock) before `confirmed + TTL`.
+    confirmed: Instant,
+}
+
+/// Why a join did not put the instance in effect.
+enum NotJoined {
+    /// The store failed or did not answer in time.
+    Stalled(String),
+    /// The group's install is not (or no longer) this instance's set.
+    Moved(Option<EffectiveInstall>),
+}
+
 impl Lifecycle {
     /// Declares and heartbeats. `stop` ends declaring; `halt` ends heartbeating (the same
     /// signal without a claim loop; with one, it comes once the loop has drained).
@@ -200,41 +263,62 @@ impl Lifecycle {
         state: &watch::Sender<ConsumerState>,
         mut stop: watch::Receiver<bool>,
         mut halt: watch::Receiver<bool>,
+        mut fenced: watch::Receiver<Option<i64>>,
     ) {
         let mut first_declared_at = None;
+        let mut joins = 0u64;
         loop {
-            if self
-                .declare(state, &mut stop, &mut first_declared_at)
-                .await
-                .is_none()
-            {
+            let Some(joined) = self.declare(state, &mut stop, &mut first_declared_at).await else {
                 break;
-            }
-            match self.consume_phase(state, &mut halt).await {
+            };
+            joins += 1;
+            state.send_replace(self.consuming(joined.install, joins));
+            match self
+                .consume_phase(state, &mut halt, &mut fenced, joined, joins)
+                .await
+            {
                 Interrupt::Stop => break,
-                Interrupt::Redeclare => first_declared_at = None,
+                Interrupt::Redeclare => {
+                    first_declared_at = None;
+                    state.send_replace(ConsumerState::Declaring);
+                }
             }
+        }
+    }
+
+    fn consuming(&self, install: i64, joins: u64) -> ConsumerState {
+        ConsumerState::Consuming {
+            bindings: self.registration.bindings.clone(),
+            install,
+            joins,
         }
     }
 
     /// Removes this instance's heartbeat row, so the group stops counting it as live.
     async fn leave(&self) {
         let group = self.registration.group.as_str();
-        match self.store.leave(group, self.declarer.as_str()).await {
+        let deadline = Instant::now() + self.settings.call_deadline();
+        let left = bounded(
+            "leave",
+            deadline,
+            self.store.leave(group, self.declarer.as_str()),
+        );
+        match left.await {
             Ok(_) => info!("left the group's live instances"),
-            Err(e) => {
-                warn!(error = %e, "could not remove the heartbeat row; it lapses after the TTL")
+            Err(reason) => {
+                warn!(%reason, "could not remove the heartbeat row; it lapses after the TTL")
             }
         }
     }
 
-    /// Attempts until joined or installed (`Some`), or stopped (`None`).
+    /// Attempts until joined or installed and the install learned (`Some`), or stopped
+    /// (`None`).
     async fn declare(
         &self,
         state: &watch::Sender<ConsumerState>,
         stop: &mut watch::Receiver<bool>,
         first_declared_at: &mut Option<DateTime<Utc>>,
-    ) -> Option<()> {
+    ) -> Option<Joined> {
         let mut attempts = 0u64;
         loop {
             if *stop.borrow() {
@@ -247,15 +331,18 @@ impl Lifecycle {
                 declarer: &self.declarer,
                 instance_ttl: self.settings.instance_ttl,
             };
-            let outcome = attempter
-                .attempt(&self.registration, true, *first_declared_at)
-                .await;
+            let sent = Instant::now();
+            let outcome = tokio::time::timeout(
+                self.settings.call_deadline(),
+                attempter.attempt(&self.registration, true, *first_declared_at),
+            )
+            .await;
             match outcome {
-                Ok(RegisterOutcome::Waiting {
+                Ok(Ok(RegisterOutcome::Waiting {
                     incumbent,
                     live_declarers,
                     declared_at,
-                }) => {
+                })) => {
                     *first_declared_at = Some(declared_at);
                     self.log_wait(&incumbent, &live_declarers, declared_at, attempts);
                     state.send_replace(ConsumerState::Waiting {
@@ -265,14 +352,27 @@ impl Lifecycle {
                         attempts,
                     });
                 }
-                Ok(outcome) => {
-                    info!(?outcome, bindings = %self.registration.bindings, "declaration in effect; consuming");
-                    state.send_replace(ConsumerState::Consuming {
-                        bindings: self.registration.bindings.clone(),
-                    });
-                    return Some(());
-                }
-                Err(WharfError::Declaration(refused)) => {
+                Ok(Ok(outcome)) => match self.learn_install(sent).await {
+                    Ok(joined) => {
+                        info!(
+                            ?outcome,
+                            bindings = %self.registration.bindings,
+                            install = joined.install,
+                            "declaration in effect; consuming"
+                        );
+                        return Some(joined);
+                    }
+                    Err(NotJoined::Moved(current)) => warn!(
+                        current = ?current,
+                        "the group's install is not this instance's set right after its join; \
+                         declaring again"
+                    ),
+                    Err(NotJoined::Stalled(reason)) => {
+                        error!(%reason, "could not learn the install just joined; retrying");
+                        state.send_replace(ConsumerState::Stalled { reason });
+                    }
+                },
+                Ok(Err(WharfError::Declaration(refused))) => {
                     error!(error = %refused, "declaration refused; this instance will not consume");
                     state.send_replace(ConsumerState::Failed {
                         reason: refused.to_string(),
@@ -280,17 +380,50 @@ impl Lifecycle {
                     let _ = stop.wait_for(|stopped| *stopped).await;
                     return None;
                 }
-                Err(e) => {
-                    error!(error = %e, "declaration attempt failed; retrying");
-                    state.send_replace(ConsumerState::Stalled {
-                        reason: e.to_string(),
-                    });
+                Ok(Err(e)) => {
+                    let reason = format!("declaration attempt failed: {e}");
+                    error!(%reason, "retrying");
+                    state.send_replace(ConsumerState::Stalled { reason });
+                }
+                Err(_) => {
+                    let reason = no_answer("declaration attempt");
+                    error!(%reason, "retrying");
+                    state.send_replace(ConsumerState::Stalled { reason });
                 }
             }
             if sleep_or_stop(self.settings.retry_interval, stop).await {
                 return None;
             }
         }
+    }
+
+    /// After a join or install sent at `sent`: reads the group's install in effect; if its set
+    /// is this instance's own, that install is the instance's fence.
+    async fn learn_install(&self, sent: Instant) -> Result<Joined, NotJoined> {
+        let lapse = sent + self.settings.instance_ttl;
+        let deadline = (Instant::now() + self.settings.call_deadline()).min(lapse);
+        let current = bounded(
+            "reading the group's install",
+            deadline,
+            self.queue.effective_install(&self.registration.group),
+        )
+        .await
+        .map_err(NotJoined::Stalled)?;
+        match current {
+            Some(install) if self.is_own(&install) && Instant::now() < lapse => Ok(Joined {
+                install: install.position,
+                confirmed: sent,
+            }),
+            Some(install) if self.is_own(&install) => Err(NotJoined::Stalled(
+                "the join was confirmed only after the instance TTL; declaring again".into(),
+            )),
+            other => Err(NotJoined::Moved(other)),
+        }
+    }
+
+    /// True when `install`'s set is this instance's (both normalized and sorted).
+    fn is_own(&self, install: &EffectiveInstall) -> bool {
+        sorted(install.patterns.clone()) == sorted(self.registration.bindings.patterns())
     }
 
     fn log_wait(
@@ -313,49 +446,124 @@ impl Lifecycle {
         );
     }
 
-    /// Heartbeats until stopped or until the declaration is no longer this instance's.
+    /// Heartbeats until stopped, or until the declaration is no longer this instance's: its row
+    /// is gone, the group's install moved on (seen here or by a fenced fetch), or no heartbeat
+    /// was confirmed for the instance TTL.
     async fn consume_phase(
         &self,
         state: &watch::Sender<ConsumerState>,
-        stop: &mut watch::Receiver<bool>,
+        halt: &mut watch::Receiver<bool>,
+        fenced: &mut watch::Receiver<Option<i64>>,
+        mut joined: Joined,
+        joins: u64,
     ) -> Interrupt {
         let group = &self.registration.group;
-        let own = sorted(self.registration.bindings.patterns());
+        let call = self.settings.call_deadline();
+        let mut fence_open = true;
         loop {
-            if sleep_or_stop(self.settings.heartbeat_interval, stop).await {
-                return Interrupt::Stop;
-            }
-            let beat = self
-                .store
-                .heartbeat(group.as_str(), self.declarer.as_str())
-                .await;
-            let effective = self.read.effective_bindings(group).await;
-            match (beat, effective) {
-                (Ok(true), Ok(effective)) if sorted(effective.clone()) == own => {
-                    if !state.borrow().is_ready() {
-                        info!("heartbeat restored; consuming again");
-                        state.send_replace(ConsumerState::Consuming {
-                            bindings: self.registration.bindings.clone(),
-                        });
+            let lapse = joined.confirmed + self.settings.instance_ttl;
+            let next_beat = Instant::now() + self.settings.heartbeat_interval;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = halt.wait_for(|halted| *halted) => return Interrupt::Stop,
+                    () = tokio::time::sleep_until(lapse) => return self.lapsed(),
+                    changed = fenced.changed(), if fence_open => {
+                        if changed.is_err() {
+                            fence_open = false;
+                        } else if *fenced.borrow_and_update() == Some(joined.install) {
+                            warn!(
+                                install = joined.install,
+                                "a fetch found the group's install moved on; re-declaring"
+                            );
+                            return Interrupt::Redeclare;
+                        }
                     }
+                    () = tokio::time::sleep_until(next_beat) => break,
                 }
-                (Ok(true), Ok(effective)) => {
-                    warn!(?effective, own = ?own, "the group's effective set is no longer this instance's; re-declaring");
-                    return Interrupt::Redeclare;
+            }
+            let sent = Instant::now();
+            let deadline = (sent + call).min(lapse);
+            let beat = bounded(
+                "heartbeat",
+                deadline,
+                self.store.heartbeat(group.as_str(), self.declarer.as_str()),
+            )
+            .await;
+            let checked = match beat {
+                Ok(true) => {
+                    let deadline = (Instant::now() + call).min(lapse);
+                    let read = self.queue.effective_install(group);
+                    bounded("reading the group's install", deadline, read)
+                        .await
+                        .map(Some)
                 }
-                (Ok(false), _) => {
+                Ok(false) => Ok(None),
+                Err(reason) => Err(reason),
+            };
+            match checked {
+                Ok(None) => {
                     warn!("this instance's heartbeat row is gone; re-declaring");
                     return Interrupt::Redeclare;
                 }
-                (Err(e), _) | (_, Err(e)) => {
-                    error!(error = %e, "heartbeat failed; not ready until it succeeds");
-                    state.send_replace(ConsumerState::Stalled {
-                        reason: e.to_string(),
-                    });
+                Ok(Some(Some(current)))
+                    if current.position == joined.install && self.is_own(&current) =>
+                {
+                    if Instant::now() >= lapse {
+                        return self.lapsed();
+                    }
+                    joined.confirmed = sent;
+                    if !state.borrow().is_ready() {
+                        info!("heartbeat confirmed within the instance TTL; consuming again");
+                        state.send_replace(self.consuming(joined.install, joins));
+                    }
+                }
+                Ok(Some(current)) => {
+                    warn!(
+                        joined = joined.install,
+                        current = ?current,
+                        "the group's install is no longer the one this instance joined; re-declaring"
+                    );
+                    return Interrupt::Redeclare;
+                }
+                Err(reason) => {
+                    error!(
+                        %reason,
+                        "heartbeat not confirmed; not ready until one is (past the instance TTL \
+                         it re-declares first)"
+                    );
+                    state.send_replace(ConsumerState::Stalled { reason });
                 }
             }
         }
     }
+
+    /// No heartbeat confirmed for the instance TTL: the group may already count this instance
+    /// as gone and have swapped its set, so it declares again before it claims again.
+    fn lapsed(&self) -> Interrupt {
+        error!(
+            instance_ttl = %humantime::format_duration(self.settings.instance_ttl),
+            "no heartbeat confirmed within the instance TTL; re-declaring before claiming again"
+        );
+        Interrupt::Redeclare
+    }
+}
+
+/// Runs one store call with a deadline; the error says what failed or that it timed out.
+async fn bounded<T, E: Display>(
+    what: &str,
+    deadline: Instant,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(format!("{what} failed: {e}")),
+        Err(_) => Err(no_answer(what)),
+    }
+}
+
+fn no_answer(what: &str) -> String {
+    format!("{what}: no answer from the store within its deadline")
 }
 
 fn sorted(mut patterns: Vec<String>) -> Vec<String> {

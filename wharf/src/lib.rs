@@ -74,7 +74,7 @@ pub use wharf_queue as queue;
 pub use wharf_store as store;
 
 /// An open Wharf: a store with its projections and message log, and this process's declarer
-/// identity.
+/// identity (each consumer it starts is an instance with its own identity derived from it).
 #[derive(Clone)]
 pub struct Wharf {
     store: Store,
@@ -83,6 +83,7 @@ pub struct Wharf {
     settings: config::DeclarationConfig,
     queue_config: config::QueueConfig,
     declarer: DeclarerId,
+    instances: declarer::InstanceCounter,
     states: declare::GroupStates,
     listener: Arc<publish_listener::PublishListener>,
 }
@@ -111,20 +112,28 @@ impl Wharf {
             settings: config.declarations.clone(),
             queue_config: config.queue.clone(),
             declarer: declarer::process_declarer(),
+            instances: declarer::InstanceCounter::new(
+                declarer::process_declarer(),
+                declarer::process_instances(),
+            ),
             states: declare::GroupStates::default(),
             listener: Arc::default(),
         }
     }
 
-    /// The same Wharf acting as another declarer (tests that simulate several processes).
+    /// The same Wharf acting as another declarer (tests that simulate several processes): its
+    /// `register` uses `declarer`, and its consumers are the instances `declarer/1`,
+    /// `declarer/2`, ... (numbered afresh for each call, as a new process would).
     pub fn as_declarer(&self, declarer: DeclarerId) -> Self {
         Self {
+            instances: declarer::InstanceCounter::new(declarer.clone(), Arc::default()),
             declarer,
             ..self.clone()
         }
     }
 
-    /// This process's declarer identity.
+    /// This process's declarer identity: what `register` records. Each consumer declares as its
+    /// own instance, this identity plus `/N` ([`Consumer::declarer`]).
     pub fn declarer(&self) -> &DeclarerId {
         &self.declarer
     }
@@ -200,6 +209,11 @@ impl Wharf {
     /// Starts a consumer: it re-attempts the declaration every `retry_interval` until it joins
     /// or installs, then heartbeats. Not ready while waiting. No timeout.
     ///
+    /// Each consumer is its own instance, with its own declarer identity and heartbeat row: two
+    /// consumers of one group in one process behave like two processes (with different sets,
+    /// the second waits). A consumer whose heartbeat goes unconfirmed for `instance_ttl` stops
+    /// being ready and re-declares before it claims again.
+    ///
     /// This consumer only declares and heartbeats; see [`Wharf::consume_with`] to also handle
     /// messages.
     pub fn consume(&self, registration: Registration) -> Consumer {
@@ -212,18 +226,20 @@ impl Wharf {
     /// nacks with the error on failure or panic. [`Consumer::shutdown`] stops claiming, drains
     /// running handlers within `queue.drain_timeout`, and then leaves the group.
     pub fn consume_with(&self, registration: Registration, handler: impl Handler) -> Consumer {
+        let lifecycle = self.lifecycle(registration);
         let runtime = runtime::Runtime {
             queue: self.queue.clone(),
             store: self.store.clone(),
             listener: self.listener.clone(),
-            group: registration.group.clone(),
-            topic: registration.topic.clone(),
-            instance: self.declarer.to_string(),
+            group: lifecycle.registration.group.clone(),
+            topic: lifecycle.registration.topic.clone(),
+            instance: lifecycle.declarer.to_string(),
             handler: Arc::new(handler),
             config: self.queue_config.clone(),
+            call_deadline: self.settings.call_deadline(),
             counters: Arc::default(),
         };
-        consumer::start(self.lifecycle(registration), Some(runtime))
+        consumer::start(lifecycle, Some(runtime))
     }
 
     fn attempter(&self) -> declare::Attempter<'_> {
@@ -239,8 +255,8 @@ impl Wharf {
         consumer::Lifecycle {
             states: self.states.clone(),
             store: self.store.clone(),
-            read: self.read.clone(),
-            declarer: self.declarer.clone(),
+            queue: self.queue.clone(),
+            declarer: self.instances.next(),
             registration,
             settings: self.settings.clone(),
         }

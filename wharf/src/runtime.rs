@@ -2,7 +2,13 @@
 //!
 //! It runs beside the declaration lifecycle and claims only while the lifecycle reports
 //! `Consuming`: a waiting, stalled or re-declaring instance claims nothing (handlers already
-//! running finish normally). Each fetch asks for as many messages as there are free handler
+//! running finish normally, and still ack: acks go by claim token). Every fetch is fenced by
+//! the install the lifecycle joined (`Queue::fetch_fenced` with `Consuming { install }`): once
+//! the group's install has moved on the fetch claims nothing and fails with
+//! `QueueError::Fenced`; the loop then claims nothing more under that install and tells the
+//! lifecycle, which re-declares (and waits, if it must). A fetch has a deadline of
+//! `DeclarationConfig::call_deadline` (a third of the instance TTL); what a fetch abandoned at
+//! its deadline may have claimed is redelivered after the visibility timeout. Each fetch asks for as many messages as there are free handler
 //! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all; it lingers up to
 //! a millisecond for slots about to free up, so handlers that finish together fetch together);
 //! each message runs in its own task under a `message{group,topic,position,attempts}` span and
@@ -31,7 +37,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::{GroupName, TopicName};
-use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue};
+use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue, QueueError};
 use wharf_store::Store;
 
 use crate::acker::Acker;
@@ -124,15 +130,20 @@ pub(crate) struct Runtime {
     pub instance: String,
     pub handler: Arc<dyn Handler>,
     pub config: QueueConfig,
+    /// The deadline of one fetch.
+    pub call_deadline: Duration,
     pub counters: Arc<Counters>,
 }
 
 impl Runtime {
-    /// Claims and handles messages while `state` is `Consuming`, until `stop`; then drains.
+    /// Claims and handles messages while `state` is `Consuming`, under the install it names,
+    /// until `stop`; then drains. A fenced fetch is reported on `fenced` (the install it was
+    /// fenced from), and nothing more is claimed under that install.
     pub(crate) async fn run(
         self,
         mut state: watch::Receiver<ConsumerState>,
         mut stop: watch::Receiver<bool>,
+        fenced: watch::Sender<Option<i64>>,
     ) {
         let concurrency = usize::try_from(self.config.concurrency).unwrap_or(usize::MAX);
         let slots = Arc::new(Semaphore::new(concurrency.clamp(1, Semaphore::MAX_PERMITS)));
@@ -157,10 +168,16 @@ impl Runtime {
             if stopping(&stop) {
                 break;
             }
-            if !state.borrow_and_update().is_ready() {
+            let install = match &*state.borrow_and_update() {
+                ConsumerState::Consuming { install, .. } if *fenced.borrow() != Some(*install) => {
+                    Some(*install)
+                }
+                _ => None,
+            };
+            let Some(install) = install else {
                 interruptible(std::future::pending::<()>(), &mut stop, &mut state).await;
                 continue;
-            }
+            };
             let Some(Ok(first)) =
                 interruptible(slots.clone().acquire_owned(), &mut stop, &mut state).await
             else {
@@ -170,16 +187,19 @@ impl Runtime {
             let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
             // Publishes from here on wake the idle wait below.
             published.borrow_and_update();
-            let fetched = self.queue.fetch(&self.group, &self.instance, wanted).await;
+            let fetch = self
+                .queue
+                .fetch_fenced(&self.group, &self.instance, install, wanted);
+            let fetched = tokio::time::timeout(self.call_deadline, fetch).await;
             Counters::bump(&self.counters.fetches);
             match fetched {
-                Ok(messages) if !messages.is_empty() => {
+                Ok(Ok(messages)) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
                     for (message, permit) in messages.into_iter().zip(permits) {
                         self.spawn(&mut tasks, &settle, message, permit);
                     }
                 }
-                Ok(_) => {
+                Ok(Ok(_)) => {
                     drop(permits);
                     // Until the poll interval passes or the topic sees a publish, whichever
                     // comes first.
@@ -192,9 +212,30 @@ impl Runtime {
                     };
                     interruptible(idle, &mut stop, &mut state).await;
                 }
-                Err(e) => {
+                Ok(Err(QueueError::Fenced { current, .. })) => {
+                    drop(permits);
+                    warn!(
+                        joined = install,
+                        ?current,
+                        "the group's install moved on from the one this instance joined; \
+                         claiming nothing until it has declared again"
+                    );
+                    fenced.send_replace(Some(install));
+                }
+                Ok(Err(e)) => {
                     drop(permits);
                     warn!(error = %e, "fetching messages failed; retrying after the poll interval");
+                    let pause = tokio::time::sleep(self.config.poll_interval);
+                    interruptible(pause, &mut stop, &mut state).await;
+                }
+                Err(_) => {
+                    drop(permits);
+                    warn!(
+                        deadline = %humantime::format_duration(self.call_deadline),
+                        "fetching messages got no answer within its deadline; retrying after the \
+                         poll interval (anything it claimed is redelivered after the visibility \
+                         timeout)"
+                    );
                     let pause = tokio::time::sleep(self.config.poll_interval);
                     interruptible(pause, &mut stop, &mut state).await;
                 }

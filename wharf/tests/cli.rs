@@ -342,7 +342,8 @@ async fn register(wharf: &Wharf, who: &str, group: &str, patterns: &[&str]) -> R
 }
 
 /// Seeds two groups on a migrated store:
-/// - `billing`: `alpha-1` consumes `{orders/+/paid}` (live, returned), then `beta-1` asks for
+/// - `billing`: `alpha-1` consumes `{orders/+/paid}` (live, returned; its consumer is the
+///   instance `alpha-1/1`), then `beta-1` asks for
 ///   `{orders/eu/#}` and waits on it;
 /// - `shipping`: `gamma-1` installs `{orders/us/#}` with a bare register.
 async fn seed_groups(store: &TestStore) -> Consumer {
@@ -649,7 +650,10 @@ async fn audit_declarations_pages_and_filters(backend: Backend) {
         .json();
     let all = entries(&whole);
     assert_eq!(all.len(), 2, "{whole:#}");
-    assert_eq!(all[0]["declarer"], "alpha-1");
+    assert_eq!(
+        all[0]["declarer"], "alpha-1/1",
+        "the consumer instance installed"
+    );
     assert_eq!(all[0]["status"], "installed");
     assert_eq!(all[0]["patterns"], serde_json::json!(["orders/+/paid"]));
     assert_eq!(all[1]["declarer"], "beta-1");
@@ -853,7 +857,7 @@ async fn groups_lists_effective_sets_and_waiters(backend: Backend) {
         billing["effective"]["patterns"],
         serde_json::json!(["orders/+/paid"])
     );
-    assert_eq!(billing["effective"]["declarer"], "alpha-1");
+    assert_eq!(billing["effective"]["declarer"], "alpha-1/1");
     let waiters = billing["waiters"].as_array().unwrap();
     assert_eq!(waiters.len(), 1, "{billing:#}");
     assert_eq!(waiters[0]["declarer"], "beta-1");
@@ -866,7 +870,7 @@ async fn groups_lists_effective_sets_and_waiters(backend: Backend) {
     assert!(
         instances
             .iter()
-            .any(|i| i["declarer"] == "alpha-1" && i["live"] == true),
+            .any(|i| i["declarer"] == "alpha-1/1" && i["live"] == true),
         "{billing:#}"
     );
     let shipping = find_group(&json, "shipping");
