@@ -43,7 +43,7 @@ pub async fn migrate(config: &Config) -> anyhow::Result<ExitCode> {
 }
 
 async fn read_model(config: &Config) -> anyhow::Result<ReadModel> {
-    let store = wharf::open_store(&config.store).await?;
+    let store = wharf::open_existing_store(&config.store).await?;
     store.ensure_migrated().await?;
     Ok(ReadModel::new(store, config.declarations.instance_ttl))
 }
