@@ -28,8 +28,9 @@ use wharf_store::Store;
 
 pub use error::QueueError;
 pub use message::{
-    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome, GroupQueueStats, Headers,
-    NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, TopicStats,
+    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
+    GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings, RetentionReport,
+    RouteReport, TopicStats,
 };
 pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
 
