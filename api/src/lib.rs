@@ -11,7 +11,7 @@
 //! | `GET /api/v1/groups/{group}/dead-letters` | a `DeadLetterPage`, paged by position |
 //! | `GET /api/v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz` | liveness: always `{"status":"pass"}` |
-//! | `GET /readyz` | readiness: the store is reachable and migrated |
+//! | `GET /readyz` | readiness (`application/health+json`): the store can serve the listing |
 //!
 //! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
@@ -39,7 +39,9 @@ pub use handlers::{
     DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH,
     READYZ_PATH, TOPICS_PATH,
 };
-pub use state::{ApiState, ReadinessProbe, ReadyFuture, StoreReadiness};
+pub use state::{
+    ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
+};
 
 /// The API's router, with JSON fallbacks for unknown paths and methods and a tracing layer.
 pub fn router(state: ApiState) -> Router {

@@ -454,3 +454,165 @@ impl Run {
         &self.stderr
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// B: a store migrated by a newer build; a corrupt SQLite file
+// ---------------------------------------------------------------------------------------------
+
+/// Runs SQL on a SQLite file or a Postgres schema behind Wharf's back.
+async fn execute(url: &str, schema: Option<&str>, sql: &str) {
+    match schema {
+        None => {
+            let path = url.strip_prefix("sqlite://").unwrap();
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(sql)
+                .unwrap();
+        }
+        Some(schema) => {
+            let mut conn = pg_connect().await.unwrap();
+            sqlx::raw_sql(&format!("SET search_path TO \"{schema}\"; {sql}"))
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+async fn a_newer_schema_is_read_but_never_migrated_pruned_or_rebuilt(postgres: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, schema) = if postgres {
+        let Some(_) = pg_connect().await else {
+            return;
+        };
+        (pg_url(), Some(fresh_schema("wharf_ops_newer")))
+    } else {
+        let url = format!("sqlite://{}", dir.path().join("wharf.db").display());
+        (url, None)
+    };
+    let command = || {
+        let mut command = wharf_in(dir.path());
+        command.env("WHARF_STORE__URL", &url);
+        if let Some(schema) = &schema {
+            command.env("WHARF_STORE__SCHEMA", schema);
+        }
+        command
+    };
+    run(command(), &["migrate"]).await.success();
+    let known = run(command(), &["migrate"]).await;
+    assert!(known.success().contains("up to date"), "{known}");
+    let now = if postgres { "clock_timestamp()" } else { "0" };
+    execute(
+        &url,
+        schema.as_deref(),
+        &format!(
+            "INSERT INTO wharf_schema_migrations (version, name, applied_at) \
+             VALUES (99, '0099_from_a_newer_build.sql', {now})"
+        ),
+    )
+    .await;
+
+    // Reads keep working.
+    run(command(), &["groups", "--json"]).await.success();
+    run(
+        command(),
+        &["dead-letters", "list", "--group", "billing", "--json"],
+    )
+    .await
+    .success();
+    // What rewrites or deletes refuses, naming both versions.
+    let known = if postgres { "5" } else { "3" };
+    for args in [
+        &["migrate"][..],
+        &["prune"],
+        &["prune", "--dry-run"],
+        &["projections", "rebuild"],
+        &["projections", "rebuild", "--verify"],
+    ] {
+        let refused = run(command(), args).await;
+        let stderr = refused.refused();
+        assert!(
+            stderr.contains("version 99") && stderr.contains(&format!("({known})")),
+            "{refused}"
+        );
+    }
+    // A newer build that records a compatibility floor above this build stops reads too.
+    execute(
+        &url,
+        schema.as_deref(),
+        "CREATE TABLE wharf_schema_compat (readers_from BIGINT NOT NULL); \
+         INSERT INTO wharf_schema_compat VALUES (99)",
+    )
+    .await;
+    let refused = run(command(), &["groups"]).await;
+    assert!(
+        refused
+            .refused()
+            .contains("readable only by builds that know version 99"),
+        "{refused}"
+    );
+    if let Some(schema) = &schema {
+        drop_schema(&mut pg_connect().await.unwrap(), schema).await;
+    }
+}
+
+#[tokio::test]
+async fn a_newer_sqlite_schema_is_read_but_never_migrated_pruned_or_rebuilt() {
+    a_newer_schema_is_read_but_never_migrated_pruned_or_rebuilt(false).await;
+}
+
+#[tokio::test]
+async fn a_newer_postgres_schema_is_read_but_never_migrated_pruned_or_rebuilt() {
+    a_newer_schema_is_read_but_never_migrated_pruned_or_rebuilt(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_sqlite_file_with_a_corrupt_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wharf.db");
+    let url = format!("sqlite://{}", path.display());
+    {
+        let mut config = Config::default();
+        config.store.url = url.clone();
+        let wharf = Wharf::open(&config).await.unwrap();
+        for group in ["billing", "shipping", "audit"] {
+            let registration =
+                wharf::Registration::new(group, "orders", "1.0.0", &["orders/+/paid"]).unwrap();
+            wharf.register(&registration).await.unwrap();
+        }
+    }
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let page_size: u64 = conn
+        .query_row("PRAGMA page_size", [], |row| row.get(0))
+        .unwrap();
+    let root: u64 = conn
+        .query_row(
+            "SELECT rootpage FROM sqlite_master WHERE name = 'events'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    drop(conn);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.seek(SeekFrom::Start((root - 1) * page_size)).unwrap();
+        file.write_all(&vec![0xA5; page_size as usize]).unwrap();
+        file.sync_all().unwrap();
+    }
+
+    let mut command = wharf_in(dir.path());
+    command
+        .env("WHARF_STORE__URL", &url)
+        .env("WHARF_HTTP__LISTEN", "127.0.0.1:0");
+    let refused = run(command, &["serve"]).await;
+    let stderr = refused.refused();
+    assert!(
+        stderr.contains("integrity check")
+            && stderr.contains(&path.display().to_string())
+            && !stderr.contains("wharf serving"),
+        "{refused}"
+    );
+}
