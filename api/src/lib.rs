@@ -24,6 +24,7 @@ pub mod error;
 mod handlers;
 pub mod openapi;
 pub mod params;
+mod server;
 pub mod state;
 pub mod views;
 
@@ -39,6 +40,7 @@ pub use handlers::{
     DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH,
     READYZ_PATH, TOPICS_PATH,
 };
+pub use server::{bounded_router, serve_with, HttpLimits};
 pub use state::{
     ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
 };
@@ -68,19 +70,14 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
-/// finish.
+/// Serves the API on `listener` with the default [`HttpLimits`] until `shutdown` completes,
+/// then lets in-flight requests finish. See [`serve_with`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, "listing API listening");
-    }
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, HttpLimits::default(), shutdown).await
 }
 
 #[cfg(test)]

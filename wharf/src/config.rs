@@ -120,6 +120,18 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
+    /// The server bounds these settings describe.
+    pub fn limits(&self) -> wharf_api::HttpLimits {
+        wharf_api::HttpLimits {
+            header_read_timeout: self.header_read_timeout,
+            request_timeout: self.request_timeout,
+            idle_timeout: self.idle_timeout,
+            max_body_bytes: self.max_body_bytes,
+            max_connections: self.max_connections as usize,
+            max_concurrent_requests: self.max_concurrent_requests as usize,
+        }
+    }
+
     fn validate(&self) -> Result<(), WharfError> {
         let hour = Duration::from_secs(3600);
         for (key, value) in [
@@ -605,6 +617,14 @@ mod tests {
         assert!(parse_retention("99999999999years").is_err());
         assert!(parse_retention("forever").unwrap_err().contains("7d"));
         assert_eq!(parse_retention("7d"), Ok(Duration::from_secs(7 * 86_400)));
+    }
+
+    #[test]
+    fn http_defaults_match_the_api_layer() {
+        assert_eq!(
+            HttpConfig::default().limits(),
+            wharf_api::HttpLimits::default()
+        );
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
     let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
     let state = wharf_api::ApiState::new(read).with_queue(wharf.queue().clone());
-    wharf_api::serve(listener, state, shutdown).await?;
+    wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
