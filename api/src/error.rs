@@ -236,6 +236,7 @@ impl IntoResponse for ApiError {
         match &self {
             Self::Unavailable(_) => tracing::warn!(error = %chain(&self), "store unavailable"),
             Self::Internal(_) => tracing::error!(error = %chain(&self), "request failed"),
+            Self::TimedOut { .. } => tracing::warn!(error = %self, "request timed out"),
             _ => tracing::debug!(error = %self, "request refused"),
         }
         let body = ErrorBody {

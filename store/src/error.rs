@@ -44,6 +44,16 @@ pub enum StoreError {
         /// Why it is refused.
         reason: String,
     },
+    /// A connection setting is unusable.
+    #[error("invalid {field} {value}: {reason}")]
+    Setting {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
     /// The Postgres schema name is unusable.
     #[error("invalid store.schema {schema:?}: {reason}")]
     Schema {

@@ -70,6 +70,13 @@ impl PgStore {
                     url: redact(&settings.url),
                     reason: e.to_string(),
                 })?;
+        if settings.max_connections == 0 {
+            return Err(StoreError::Setting {
+                field: "max_connections",
+                value: settings.max_connections.to_string(),
+                reason: "a pool needs at least 1 connection".into(),
+            });
+        }
         let options = options.application_name("wharf");
         let schema = settings.schema.clone();
         if let Some(schema) = &schema {
@@ -290,5 +297,24 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_of_no_connections_is_refused_not_a_panic() {
+        let settings = PgSettings {
+            max_connections: 0,
+            ..PgSettings::new("postgres://postgres@127.0.0.1:1/test")
+        };
+        let refused = PgStore::connect(&settings, Vec::new()).err();
+        let message = refused.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("max_connections") && message.contains('0'),
+            "{message}"
+        );
     }
 }
