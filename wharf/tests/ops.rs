@@ -512,6 +512,25 @@ async fn a_newer_schema_is_read_but_never_migrated_pruned_or_rebuilt(postgres: b
     )
     .await;
 
+    // The library opens it (without migrating) and declares, publishes and reads.
+    {
+        let mut config = Config::default();
+        config.store.url = url.clone();
+        config.store.schema = schema.clone().unwrap_or_default();
+        let wharf = Wharf::open(&config).await.unwrap();
+        let registration =
+            wharf::Registration::new("billing", "orders", "1.0.0", &["orders/+/paid"]).unwrap();
+        let outcome = wharf.register(&registration).await.unwrap();
+        assert!(outcome.may_consume(), "{outcome:?}");
+        wharf
+            .publish(
+                "orders",
+                vec![("orders/eu/paid".into(), b"{}".to_vec(), Default::default())],
+            )
+            .await
+            .unwrap();
+        assert_eq!(wharf.store().schema_version().await.unwrap(), 99);
+    }
     // Reads keep working.
     run(command(), &["groups", "--json"]).await.success();
     run(
