@@ -280,6 +280,28 @@ async fn read_only_commands_in_an_empty_folder_create_nothing() {
     run(wharf_in(dir.path()), &["groups"]).await.success();
 }
 
+/// The library with `auto_migrate = false` creates nothing either.
+#[tokio::test]
+async fn a_library_open_without_auto_migrate_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::default();
+    config.store.url = format!("sqlite://{}", dir.path().join("wharf.db").display());
+    config.store.auto_migrate = false;
+    let refused = Wharf::open(&config).await.err().unwrap().to_string();
+    assert!(refused.contains("wharf.db"), "{refused}");
+    assert_eq!(files_in(dir.path()), Vec::<String>::new());
+
+    let Some(mut conn) = pg_connect().await else {
+        return;
+    };
+    let schema = fresh_schema("wharf_ops_noauto");
+    let mut config = pg_config(&schema);
+    config.store.auto_migrate = false;
+    let refused = Wharf::open(&config).await.err().unwrap().to_string();
+    assert!(refused.contains(&schema), "{refused}");
+    assert!(!schema_exists(&mut conn, &schema).await);
+}
+
 #[tokio::test]
 async fn read_only_commands_never_create_a_postgres_schema() {
     let Some(mut conn) = pg_connect().await else {
