@@ -39,12 +39,30 @@ pub enum ApiError {
         /// The method used.
         method: String,
     },
+    /// The request declared a body larger than `http.max_body_bytes` (413).
+    #[error("the request body of {length} bytes is over the limit of {limit} bytes; this API takes no request bodies")]
+    PayloadTooLarge {
+        /// The declared `Content-Length`.
+        length: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The request did not finish within `http.request_timeout` (503).
+    #[error("the request did not finish within {}", humantime_ms(.after))]
+    TimedOut {
+        /// The timeout.
+        after: std::time::Duration,
+    },
     /// The store cannot be reached, or is not migrated yet (503).
     #[error("the store is unavailable")]
     Unavailable(#[source] StoreError),
     /// Anything else that went wrong on the server (500).
     #[error("internal error")]
     Internal(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+fn humantime_ms(duration: &std::time::Duration) -> String {
+    format!("{} ms", duration.as_millis())
 }
 
 /// The value quoted for a message, cut short when very long.
@@ -63,6 +81,8 @@ const CODE_INVALID: &str = "invalid_parameter";
 const CODE_NOT_FOUND: &str = "not_found";
 const CODE_METHOD: &str = "method_not_allowed";
 const CODE_UNAVAILABLE: &str = "unavailable";
+const CODE_TOO_LARGE: &str = "payload_too_large";
+const CODE_TIMEOUT: &str = "timeout";
 const CODE_INTERNAL: &str = "internal";
 
 impl ApiError {
@@ -88,6 +108,8 @@ impl ApiError {
             Self::InvalidParameter { .. } => StatusCode::BAD_REQUEST,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TimedOut { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -99,6 +121,8 @@ impl ApiError {
             Self::InvalidParameter { .. } => CODE_INVALID,
             Self::NotFound { .. } => CODE_NOT_FOUND,
             Self::MethodNotAllowed { .. } => CODE_METHOD,
+            Self::PayloadTooLarge { .. } => CODE_TOO_LARGE,
+            Self::TimedOut { .. } => CODE_TIMEOUT,
             Self::Unavailable(_) => CODE_UNAVAILABLE,
             Self::Internal(_) => CODE_INTERNAL,
         }
@@ -212,6 +236,7 @@ impl IntoResponse for ApiError {
         match &self {
             Self::Unavailable(_) => tracing::warn!(error = %chain(&self), "store unavailable"),
             Self::Internal(_) => tracing::error!(error = %chain(&self), "request failed"),
+            Self::TimedOut { .. } => tracing::warn!(error = %self, "request timed out"),
             _ => tracing::debug!(error = %self, "request refused"),
         }
         let body = ErrorBody {

@@ -13,7 +13,7 @@ use wharf_projections::{GroupView, HistoryPage};
 use crate::error::ApiError;
 use crate::openapi::OPENAPI_JSON;
 use crate::params;
-use crate::state::ApiState;
+use crate::state::{ApiState, HealthStatus};
 use crate::views::{DeadLetterPage, GroupDetail, GroupList, SwapList, TopicList};
 
 /// `GET`: every topic's head and size.
@@ -163,18 +163,42 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "pass" }))
 }
 
+/// The `application/health+json` readiness answer: the worst check's status (`fail` is 503,
+/// `pass` and `warn` are 200), every check keyed `component:measurement`, and the first
+/// failing check's reason as `output`.
 async fn readyz(State(state): State<ApiState>) -> Response {
-    match state.check_ready().await {
-        Ok(()) => Json(json!({ "status": "pass" })).into_response(),
-        Err(reason) => {
-            tracing::warn!(%reason, "not ready");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "status": "fail", "reason": reason })),
-            )
-                .into_response()
+    let checks = state.check_health().await;
+    let status = checks
+        .iter()
+        .map(|c| c.status)
+        .max()
+        .unwrap_or(HealthStatus::Pass);
+    let mut keyed = serde_json::Map::new();
+    for check in &checks {
+        let mut entry = serde_json::Map::new();
+        entry.insert("status".into(), json!(check.status));
+        if let Some(output) = &check.output {
+            entry.insert("output".into(), json!(output));
         }
+        keyed.insert(check.key.clone(), json!([entry]));
     }
+    let mut body = json!({ "status": status, "checks": keyed });
+    let first_failure = checks.iter().find(|c| c.status == HealthStatus::Fail);
+    if let Some(output) = first_failure.and_then(|c| c.output.clone()) {
+        tracing::warn!(reason = %output, "not ready");
+        body["output"] = json!(output);
+    }
+    let code = if status == HealthStatus::Fail {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/health+json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 /// Answers any path no route matches.

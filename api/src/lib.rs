@@ -11,7 +11,7 @@
 //! | `GET /api/v1/groups/{group}/dead-letters` | a `DeadLetterPage`, paged by position |
 //! | `GET /api/v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz` | liveness: always `{"status":"pass"}` |
-//! | `GET /readyz` | readiness: the store is reachable and migrated |
+//! | `GET /readyz` | readiness (`application/health+json`): the store can serve the listing |
 //!
 //! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
@@ -24,6 +24,7 @@ pub mod error;
 mod handlers;
 pub mod openapi;
 pub mod params;
+mod server;
 pub mod state;
 pub mod views;
 
@@ -39,7 +40,10 @@ pub use handlers::{
     DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH,
     READYZ_PATH, TOPICS_PATH,
 };
-pub use state::{ApiState, ReadinessProbe, ReadyFuture, StoreReadiness};
+pub use server::{bounded_router, serve_with, HttpLimits};
+pub use state::{
+    ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
+};
 
 /// The API's router, with JSON fallbacks for unknown paths and methods and a tracing layer.
 pub fn router(state: ApiState) -> Router {
@@ -66,19 +70,14 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
-/// finish.
+/// Serves the API on `listener` with the default [`HttpLimits`] until `shutdown` completes,
+/// then lets in-flight requests finish. See [`serve_with`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(address) = listener.local_addr() {
-        tracing::info!(%address, "listing API listening");
-    }
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, state, HttpLimits::default(), shutdown).await
 }
 
 #[cfg(test)]

@@ -179,6 +179,13 @@ mod tests {
                 needed: 1,
             }),
             ApiError::Internal("x".into()),
+            ApiError::PayloadTooLarge {
+                length: 2,
+                limit: 1,
+            },
+            ApiError::TimedOut {
+                after: std::time::Duration::from_secs(1),
+            },
         ];
         let produced: BTreeSet<&str> = produced.iter().map(ApiError::code).collect();
         assert_eq!(listed, produced);

@@ -12,13 +12,80 @@ use wharf_store::Store;
 /// The future a readiness probe returns: `Ok(())` when ready, else the reason it is not.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
 
+/// The future [`ReadinessProbe::checks`] returns.
+pub type ChecksFuture<'a> = Pin<Box<dyn Future<Output = Vec<HealthCheck>> + Send + 'a>>;
+
+/// A check's status, as in the `application/health+json` draft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthStatus {
+    /// Healthy.
+    Pass,
+    /// Serving, degraded: `/readyz` stays 200.
+    Warn,
+    /// Not serving: `/readyz` is 503.
+    Fail,
+}
+
+/// One check of a readiness answer, keyed `component:measurement` (e.g. `store:schema`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `component:measurement`.
+    pub key: String,
+    /// Its status.
+    pub status: HealthStatus,
+    /// Why it warns or fails (absent when it passes).
+    pub output: Option<String>,
+}
+
+impl HealthCheck {
+    /// A passing check.
+    pub fn pass(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            status: HealthStatus::Pass,
+            output: None,
+        }
+    }
+
+    /// A degraded-but-serving check with its reason.
+    pub fn warn(key: impl Into<String>, output: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            status: HealthStatus::Warn,
+            output: Some(output.into()),
+        }
+    }
+
+    /// A failing check with its reason.
+    pub fn fail(key: impl Into<String>, output: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            status: HealthStatus::Fail,
+            output: Some(output.into()),
+        }
+    }
+}
+
 /// Decides whether the service can take traffic (`GET /readyz`).
 ///
-/// Any `Fn() -> impl Future<Output = Result<(), String>>` closure is a probe; the default,
-/// [`StoreReadiness`], checks that the store answers and is migrated.
+/// Any `Fn() -> impl Future<Output = Result<(), String>>` closure is a probe (reported as the
+/// one check `readiness:probe`); the default, [`StoreReadiness`], checks that the store
+/// answers with a schema this build can read and that the catch-up projections apply.
 pub trait ReadinessProbe: Send + Sync + 'static {
     /// `Ok(())` when ready; otherwise a short, human-readable reason.
     fn ready(&self) -> ReadyFuture<'_>;
+
+    /// The checks `/readyz` reports; by default the one check `readiness:probe` from
+    /// [`ReadinessProbe::ready`].
+    fn checks(&self) -> ChecksFuture<'_> {
+        Box::pin(async move {
+            vec![match self.ready().await {
+                Ok(()) => HealthCheck::pass("readiness:probe"),
+                Err(reason) => HealthCheck::fail("readiness:probe", reason),
+            }]
+        })
+    }
 }
 
 impl<F, Fut> ReadinessProbe for F
@@ -31,27 +98,71 @@ where
     }
 }
 
-/// The default probe: the store is reachable and its schema is what this build needs.
+/// The default probe: the store can serve the listing. Checks, in order:
+/// - `store:schema`: reachable and migrated to what this build needs (`warn` when a newer
+///   build migrated it: reads work, maintenance refuses);
+/// - `projections:catch-up`: the catch-up projectors apply what the log holds, the same step
+///   every listing read takes first (a damaged file or table fails here).
 #[derive(Clone)]
 pub struct StoreReadiness {
-    store: Store,
+    read_model: ReadModel,
 }
 
 impl StoreReadiness {
     /// A probe of `store`.
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            read_model: ReadModel::new(store, Duration::from_secs(60)),
+        }
+    }
+
+    async fn run_checks(&self) -> Vec<HealthCheck> {
+        let store = self.read_model.store();
+        let backend = store.backend();
+        let schema = match store.ensure_migrated().await {
+            Err(e) => {
+                return vec![HealthCheck::fail(
+                    "store:schema",
+                    format!("{backend} store: {e}"),
+                )]
+            }
+            Ok(()) => match store.schema_version().await {
+                Ok(found) if found > store.known_version() => HealthCheck::warn(
+                    "store:schema",
+                    format!(
+                        "{backend} store: schema version {found} is newer than this build \
+                         knows ({}); reads work, maintenance refuses",
+                        store.known_version()
+                    ),
+                ),
+                Ok(_) => HealthCheck::pass("store:schema"),
+                Err(e) => HealthCheck::fail("store:schema", format!("{backend} store: {e}")),
+            },
+        };
+        let catch_up = match self.read_model.catch_up().await {
+            Ok(_) => HealthCheck::pass("projections:catch-up"),
+            Err(e) => HealthCheck::fail(
+                "projections:catch-up",
+                format!("{backend} store: catch-up projection failed: {e}"),
+            ),
+        };
+        vec![schema, catch_up]
     }
 }
 
 impl ReadinessProbe for StoreReadiness {
     fn ready(&self) -> ReadyFuture<'_> {
         Box::pin(async move {
-            self.store
-                .ensure_migrated()
-                .await
-                .map_err(|e| format!("{} store: {e}", self.store.backend()))
+            let checks = self.run_checks().await;
+            match checks.into_iter().find(|c| c.status == HealthStatus::Fail) {
+                Some(failed) => Err(failed.output.unwrap_or_default()),
+                None => Ok(()),
+            }
         })
+    }
+
+    fn checks(&self) -> ChecksFuture<'_> {
+        Box::pin(self.run_checks())
     }
 }
 
@@ -117,12 +228,25 @@ impl ApiState {
 
     /// Runs the readiness probe, bounded by the ready timeout.
     pub async fn check_ready(&self) -> Result<(), String> {
-        match tokio::time::timeout(self.ready_timeout, self.readiness.ready()).await {
-            Ok(result) => result,
-            Err(_) => Err(format!(
-                "readiness check did not finish within {:?}",
-                self.ready_timeout
-            )),
+        let checks = self.check_health().await;
+        match checks.into_iter().find(|c| c.status == HealthStatus::Fail) {
+            Some(failed) => Err(failed.output.unwrap_or_default()),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the readiness probe's checks, bounded by the ready timeout (a probe that does not
+    /// finish is the failing check `readiness:duration`).
+    pub async fn check_health(&self) -> Vec<HealthCheck> {
+        match tokio::time::timeout(self.ready_timeout, self.readiness.checks()).await {
+            Ok(checks) => checks,
+            Err(_) => vec![HealthCheck::fail(
+                "readiness:duration",
+                format!(
+                    "readiness check did not finish within {:?}",
+                    self.ready_timeout
+                ),
+            )],
         }
     }
 }

@@ -83,8 +83,13 @@ impl App {
             .unwrap_or_default()
             .to_owned();
         let text = response.text().await.unwrap();
+        let expected = if path_and_query == "/readyz" {
+            "application/health+json"
+        } else {
+            "application/json"
+        };
         assert!(
-            content_type.starts_with("application/json"),
+            content_type.starts_with(expected),
             "GET {path_and_query}: content-type {content_type:?}, body {text:?}"
         );
         let body = serde_json::from_str(&text)
@@ -861,7 +866,19 @@ async fn probes_and_docs(store: Store) {
         app.get("/healthz").await,
         (200, json!({ "status": "pass" }))
     );
-    assert_eq!(app.get("/readyz").await, (200, json!({ "status": "pass" })));
+    assert_eq!(
+        app.get("/readyz").await,
+        (
+            200,
+            json!({
+                "status": "pass",
+                "checks": {
+                    "store:schema": [{ "status": "pass" }],
+                    "projections:catch-up": [{ "status": "pass" }],
+                }
+            })
+        )
+    );
 
     for unknown in [
         "/nope",
@@ -939,7 +956,11 @@ async fn sqlite_unmigrated_store_is_live_but_not_ready_and_leaks_nothing() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "fail");
     assert!(
-        body["reason"].as_str().unwrap().contains("migrate"),
+        body["output"].as_str().unwrap().contains("migrate"),
+        "{body}"
+    );
+    assert_eq!(
+        body["checks"]["store:schema"][0]["status"], "fail",
         "{body}"
     );
 
@@ -972,7 +993,13 @@ async fn a_custom_readiness_probe_decides_and_is_bounded_in_time() {
         app.get("/readyz").await,
         (
             503,
-            json!({ "status": "fail", "reason": "draining for shutdown" })
+            json!({
+                "status": "fail",
+                "output": "draining for shutdown",
+                "checks": {
+                    "readiness:probe": [{ "status": "fail", "output": "draining for shutdown" }]
+                }
+            })
         )
     );
     app.shut_down().await;
@@ -986,9 +1013,88 @@ async fn a_custom_readiness_probe_decides_and_is_bounded_in_time() {
     let (status, body) = app.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(
-        body["reason"].as_str().unwrap().contains("did not finish"),
+        body["output"].as_str().unwrap().contains("did not finish"),
         "{body}"
     );
+    app.shut_down().await;
+}
+
+/// A store that answers but whose catch-up projection fails (its table is gone, as a damaged
+/// page would make it unreadable) is not ready, with the reason under its check's key; the
+/// liveness probe does not look at the store.
+#[tokio::test]
+async fn a_failing_catch_up_makes_readiness_fail_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(&dir, "wharf.db", true).await;
+    register(
+        &store,
+        "billing",
+        "orders",
+        "alpha-1",
+        &["orders/+/paid"],
+        &[],
+    )
+    .await;
+    let app = App::over(&store).await;
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!((status, &body["status"]), (200, &json!("pass")), "{body}");
+
+    let Store::Sqlite(sqlite) = &store else {
+        unreachable!()
+    };
+    sqlite
+        .write(|ctx| Ok(ctx.tx.execute_batch("DROP TABLE declarer_attempt")?))
+        .await
+        .unwrap();
+    register(&store, "billing", "orders", "beta-1", &["orders/eu/#"], &[]).await;
+
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "fail", "{body}");
+    assert_eq!(
+        body["checks"]["store:schema"][0]["status"], "pass",
+        "{body}"
+    );
+    let check = &body["checks"]["projections:catch-up"][0];
+    assert_eq!(check["status"], "fail", "{body}");
+    assert!(
+        check["output"]
+            .as_str()
+            .unwrap()
+            .contains("declarer_attempt"),
+        "{body}"
+    );
+    assert_eq!(body["output"], check["output"], "{body}");
+    assert_eq!(
+        app.get("/healthz").await,
+        (200, json!({ "status": "pass" }))
+    );
+    app.shut_down().await;
+}
+
+/// A store migrated by a newer build serves reads: ready, with a warning naming both versions.
+#[tokio::test]
+async fn a_newer_schema_is_ready_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(&dir, "wharf.db", true).await;
+    let Store::Sqlite(sqlite) = &store else {
+        unreachable!()
+    };
+    sqlite
+        .write(|ctx| {
+            Ok(ctx.tx.execute_batch(
+                "INSERT INTO wharf_schema_migrations VALUES (99, '0099_newer.sql', 0)",
+            )?)
+        })
+        .await
+        .unwrap();
+    let app = App::over(&store).await;
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!((status, &body["status"]), (200, &json!("warn")), "{body}");
+    let output = body["checks"]["store:schema"][0]["output"]
+        .as_str()
+        .unwrap();
+    assert!(output.contains("99") && output.contains("(3)"), "{body}");
     app.shut_down().await;
 }
 
@@ -1045,7 +1151,11 @@ async fn postgres_unmigrated_schema_is_not_ready() {
     let (status, body) = app.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(
-        body["reason"].as_str().unwrap().contains("migrate"),
+        body["output"].as_str().unwrap().contains("migrate"),
+        "{body}"
+    );
+    assert_eq!(
+        body["checks"]["store:schema"][0]["status"], "fail",
         "{body}"
     );
     app.shut_down().await;

@@ -208,7 +208,9 @@ impl RegisterOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeclarationError {
     /// The group is bound to another topic.
-    #[error("group {group:?} consumes topic {bound:?}; a registration named topic {requested:?}")]
+    #[error(
+        "group \"{group}\" consumes topic \"{bound}\"; a registration named topic \"{requested}\""
+    )]
     TopicMismatch {
         /// The group.
         group: GroupName,
@@ -218,7 +220,7 @@ pub enum DeclarationError {
         requested: TopicName,
     },
     /// The command names a different group than the aggregate holds.
-    #[error("command for group {requested:?} reached the aggregate of group {held:?}")]
+    #[error("command for group \"{requested}\" reached the aggregate of group \"{held}\"")]
     WrongAggregate {
         /// The aggregate's group.
         held: GroupName,
@@ -374,5 +376,29 @@ impl Aggregate for ConsumerGroup {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::*;
+
+    #[test]
+    fn refusals_show_names_not_rust_debug_forms() {
+        let group = GroupName::parse("group", "known").unwrap();
+        let err = DeclarationError::TopicMismatch {
+            group: group.clone(),
+            bound: TopicName::parse("topic", "orders").unwrap(),
+            requested: TopicName::parse("topic", "payments").unwrap(),
+        };
+        assert_eq!(
+            err.to_string(),
+            "group \"known\" consumes topic \"orders\"; a registration named topic \"payments\""
+        );
+        let err = DeclarationError::WrongAggregate {
+            held: group,
+            requested: GroupName::parse("group", "other").unwrap(),
+        };
+        assert!(!err.to_string().contains("GroupName("), "{err}");
     }
 }

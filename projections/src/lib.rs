@@ -154,19 +154,22 @@ impl ReadModel {
     }
 
     /// Rebuilds every projection from the log (or, with Verify, compares without changing).
+    /// Refused on a store migrated by a newer build.
     pub async fn rebuild(
         &self,
         mode: RebuildMode,
         progress: Progress,
     ) -> Result<RebuildReport, StoreError> {
+        self.store.ensure_not_newer("projections rebuild").await?;
         match &self.store {
             Store::Sqlite(s) => s.rebuild(sqlite_catch_up(), mode, progress).await,
             Store::Postgres(s) => s.rebuild(pg_catch_up(), mode, progress).await,
         }
     }
 
-    /// Runs the deferred pruner once.
+    /// Runs the deferred pruner once. Refused on a store migrated by a newer build.
     pub async fn prune(&self, options: PruneOptions) -> Result<PruneReport, StoreError> {
+        self.store.ensure_not_newer("prune").await?;
         prune::prune(&self.store, options).await
     }
 }

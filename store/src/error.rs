@@ -44,6 +44,59 @@ pub enum StoreError {
         /// Why it is refused.
         reason: String,
     },
+    /// A connection setting is unusable.
+    #[error("invalid {field} {value}: {reason}")]
+    Setting {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// The Postgres schema name is unusable.
+    #[error("invalid store.schema {schema:?}: {reason}")]
+    Schema {
+        /// The schema name as given.
+        schema: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// A command that never creates a store found none where the configuration points.
+    #[error(
+        "no store at {location}: this command does not create one; \
+         run `wharf migrate` (or `wharf serve`) to create and migrate it"
+    )]
+    Missing {
+        /// The SQLite file or the Postgres schema looked for.
+        location: String,
+    },
+    /// The schema was migrated by a newer build and this operation is not safe on it.
+    #[error(
+        "the database schema is at version {found}, newer than this build knows ({known}); \
+         {operation} refuses to run on it: use a build that knows version {found}"
+    )]
+    NewerSchema {
+        /// The version found.
+        found: i64,
+        /// The newest version this build knows.
+        known: i64,
+        /// What refused (`migrate`, `prune`, ...).
+        operation: &'static str,
+    },
+    /// A newer build recorded that builds knowing only older versions must not even read.
+    #[error(
+        "the database schema is at version {found} and readable only by builds that know \
+         version {readers_from} or newer; this build knows {known}"
+    )]
+    IncompatibleSchema {
+        /// The version found.
+        found: i64,
+        /// The oldest version whose builds may read it (`wharf_schema_compat.readers_from`).
+        readers_from: i64,
+        /// The newest version this build knows.
+        known: i64,
+    },
     /// The schema is not migrated to what this build needs.
     #[error(
         "the database schema is at version {found}; this build needs {needed}: run `wharf migrate`"

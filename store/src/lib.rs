@@ -33,7 +33,9 @@ pub use projector::{CteStatement, PgProjector, SqliteProjector};
 pub use rebuild::{Progress, RebuildMode, RebuildReport, TableDifference};
 pub use sqlite::SqliteStore;
 
-/// Where a store lives, parsed from a URL: `sqlite://PATH` (or a bare path) or `postgres://...`.
+/// Where a store lives, parsed from a URL: `sqlite://PATH` (also `sqlite:PATH`) or
+/// `postgres://...` (also `postgresql://...`). Anything else, a bare path included, is refused
+/// naming the value, so a typo never becomes a new SQLite file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation {
     /// A SQLite file.
@@ -41,6 +43,10 @@ pub enum StoreLocation {
     /// A Postgres database URL.
     Postgres(String),
 }
+
+/// The accepted store URL forms, for error messages.
+pub const STORE_URL_FORMS: &str =
+    "use sqlite://PATH (e.g. sqlite://wharf.db) or postgres://USER@HOST/DB";
 
 impl StoreLocation {
     /// Parses a store URL, naming the value when it is not usable.
@@ -52,17 +58,19 @@ impl StoreLocation {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             return Ok(Self::Postgres(url.to_owned()));
         }
-        let path = url
+        let Some(path) = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
+        else {
+            return Err(refuse(&format!("not a store URL: {STORE_URL_FORMS}")));
+        };
         if path.is_empty() {
-            return Err(refuse("a SQLite store needs a file path"));
+            return Err(refuse(&format!(
+                "a SQLite store needs a file path: {STORE_URL_FORMS}"
+            )));
         }
         if path.contains("://") {
-            return Err(refuse(
-                "unknown scheme: use sqlite://PATH or postgres://...",
-            ));
+            return Err(refuse(&format!("unknown scheme: {STORE_URL_FORMS}")));
         }
         Ok(Self::Sqlite(path.into()))
     }
@@ -92,9 +100,39 @@ impl Store {
         dispatch!(self, s => s.migrate().await)
     }
 
-    /// Fails unless the schema is migrated to what this build needs.
+    /// Fails unless the schema is migrated to what this build needs (or to a newer version
+    /// that builds knowing this one may still read: see [`migrate::check_readable`]).
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
         dispatch!(self, s => s.ensure_migrated().await)
+    }
+
+    /// The schema version recorded in the store (0 when never migrated).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        dispatch!(self, s => s.schema_version().await)
+    }
+
+    /// The newest schema version this build knows.
+    pub fn known_version(&self) -> i64 {
+        match self {
+            Store::Sqlite(_) => migrate::needed(migrate::SQLITE),
+            Store::Postgres(_) => migrate::needed(migrate::POSTGRES),
+        }
+    }
+
+    /// Fails with [`StoreError::NewerSchema`] when a newer build migrated the store: what
+    /// rewrites or deletes data (`migrate`, `prune`, retention, `projections rebuild`) must not
+    /// run on rows whose newer meaning this build does not know.
+    pub async fn ensure_not_newer(&self, operation: &'static str) -> Result<(), StoreError> {
+        let found = self.schema_version().await?;
+        let known = self.known_version();
+        if found > known {
+            return Err(StoreError::NewerSchema {
+                found,
+                known,
+                operation,
+            });
+        }
+        Ok(())
     }
 
     /// The store's current time.

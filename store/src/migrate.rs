@@ -1,7 +1,10 @@
 //! Schema migrations, embedded in the binary from the workspace's `migrations/` folder.
 //!
 //! Each backend has its own numbered scripts; `wharf_schema_migrations` records which ran.
-//! Migrations are additive so that a rolled-back build keeps working on a newer schema.
+//! Migrations are additive so that a rolled-back build keeps working on a newer schema
+//! (ADR 0017): a build reads and consumes on a schema newer than it knows, unless the newer
+//! build recorded in `wharf_schema_compat.readers_from` that older builds must not; it never
+//! migrates, prunes or rebuilds on one.
 
 /// One embedded migration script.
 #[derive(Debug, Clone, Copy)]
@@ -45,4 +48,33 @@ pub const POSTGRES: &[Migration] = &[
 /// The schema version this build needs.
 pub fn needed(scripts: &[Migration]) -> i64 {
     scripts.last().map_or(0, |m| m.version)
+}
+
+/// The table a newer build creates if one of its migrations is not additive: its one row's
+/// `readers_from` is the oldest schema version whose builds may still read and consume.
+pub const COMPAT_TABLE: &str = "wharf_schema_compat";
+
+/// Whether a build that knows up to `known` may read a store at `found` whose compatibility
+/// floor (`wharf_schema_compat.readers_from`, when the table exists) is `readers_from`.
+pub fn check_readable(
+    found: i64,
+    known: i64,
+    readers_from: Option<i64>,
+) -> Result<(), crate::StoreError> {
+    if found < known {
+        return Err(crate::StoreError::NotMigrated {
+            found,
+            needed: known,
+        });
+    }
+    match readers_from {
+        Some(readers_from) if found > known && readers_from > known => {
+            Err(crate::StoreError::IncompatibleSchema {
+                found,
+                readers_from,
+                known,
+            })
+        }
+        _ => Ok(()),
+    }
 }

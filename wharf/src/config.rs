@@ -35,7 +35,7 @@ pub struct StoreConfig {
     pub url: String,
     /// Postgres only: the schema Wharf's tables live in (created if missing). Empty = default.
     pub schema: String,
-    /// Postgres only: the most connections this process holds.
+    /// Postgres only: the most connections this process holds (1 to 1000).
     pub max_connections: u32,
     /// Apply pending migrations at start. When false, start fails on an unmigrated schema.
     pub auto_migrate: bool,
@@ -93,19 +93,91 @@ impl Default for DeclarationConfig {
     }
 }
 
-/// The REST listing API.
+/// The REST listing API, and the bounds that keep a slow or idle client from pinning it
+/// (ADR 0018).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// The address `serve` listens on (loopback by default).
     pub listen: SocketAddr,
+    /// How long a client may take to send a request's headers (also while a kept-alive
+    /// connection waits for its next request); the connection is closed after it.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// How long one request may take from its headers to its response; after it the answer is
+    /// 503 `unavailable`.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long a connection may stay open with no request in flight before it is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// The largest request body accepted, in bytes; larger is 413 (every endpoint is a GET, so
+    /// a body is never needed).
+    pub max_body_bytes: u64,
+    /// The most open connections; further ones wait in the listen backlog until one closes.
+    pub max_connections: u32,
+    /// The most requests handled at once; further ones wait (within `request_timeout`).
+    pub max_concurrent_requests: u32,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            header_read_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_body_bytes: 64 * 1024,
+            max_connections: 1024,
+            max_concurrent_requests: 256,
         }
+    }
+}
+
+impl HttpConfig {
+    /// The server bounds these settings describe.
+    pub fn limits(&self) -> wharf_api::HttpLimits {
+        wharf_api::HttpLimits {
+            header_read_timeout: self.header_read_timeout,
+            request_timeout: self.request_timeout,
+            idle_timeout: self.idle_timeout,
+            max_body_bytes: self.max_body_bytes,
+            max_connections: self.max_connections as usize,
+            max_concurrent_requests: self.max_concurrent_requests as usize,
+        }
+    }
+
+    fn validate(&self) -> Result<(), WharfError> {
+        let hour = Duration::from_secs(3600);
+        for (key, value) in [
+            ("header_read_timeout", self.header_read_timeout),
+            ("request_timeout", self.request_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ] {
+            if value < Duration::from_millis(10) || value > hour {
+                return Err(WharfError::Config(format!(
+                    "http.{key} must be between 10ms and 1h, got {}",
+                    humantime::format_duration(value)
+                )));
+            }
+        }
+        if !(1..=16 * 1024 * 1024).contains(&self.max_body_bytes) {
+            return Err(WharfError::Config(format!(
+                "http.max_body_bytes must be between 1 and 16777216 (16 MiB), got {}",
+                self.max_body_bytes
+            )));
+        }
+        for (key, value) in [
+            ("max_connections", self.max_connections),
+            ("max_concurrent_requests", self.max_concurrent_requests),
+        ] {
+            if !(1..=65_536).contains(&value) {
+                return Err(WharfError::Config(format!(
+                    "http.{key} must be between 1 and 65536, got {value}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -215,6 +287,7 @@ impl QueueConfig {
         if let Some((key, _)) = zero_durations.iter().find(|(_, d)| d.is_zero()) {
             return Err(WharfError::Config(format!("queue.{key} must be above 0")));
         }
+        check_retention("queue.retention", self.retention)?;
         let counts = [
             ("max_attempts", i64::from(self.max_attempts)),
             ("route_batch", self.route_batch),
@@ -246,6 +319,40 @@ impl QueueConfig {
 
 /// The prefix of environment overrides: `WHARF_STORE__URL`, `WHARF_HTTP__LISTEN`, ...
 pub const ENV_PREFIX: &str = "WHARF_";
+
+/// `WHARF_` variables that are not configuration keys and are left alone: the file
+/// (`WHARF_CONFIG`, read by the command line) and the test harness's own.
+const ENV_NOT_CONFIG: &[&str] = &["WHARF_CONFIG", "WHARF_REQUIRE_SERVICES"];
+const ENV_NOT_CONFIG_PREFIXES: &[&str] = &["WHARF_TEST_", "WHARF_BENCH_"];
+
+/// The longest retention accepted (100 years of 365.25 days): a cutoff further back than this
+/// is not a retention but a mistake, and could leave the store's time range.
+pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// What a retention accepts, for error messages.
+pub const RETENTION_FORMAT: &str =
+    "a duration such as 90s, 15m, 24h or 7d (units s, m, h, d, w, months, years), at most 100 years";
+
+fn check_retention(key: &str, value: Duration) -> Result<(), WharfError> {
+    if value > MAX_RETENTION {
+        return Err(WharfError::Config(format!(
+            "{key} must be at most 100 years, got {}",
+            humantime::format_duration(value)
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a retention flag (`--retention 7d`): humantime, at most [`MAX_RETENTION`]; the error
+/// names the accepted formats and bounds.
+pub fn parse_retention(text: &str) -> Result<Duration, String> {
+    let value =
+        humantime::parse_duration(text).map_err(|e| format!("{e}: expected {RETENTION_FORMAT}"))?;
+    if value > MAX_RETENTION {
+        return Err(format!("expected {RETENTION_FORMAT}"));
+    }
+    Ok(value)
+}
 
 impl Config {
     /// Loads `path` (when given) and applies environment overrides from `env`.
@@ -296,6 +403,18 @@ impl Config {
                 humantime::format_duration(d.heartbeat_interval)
             )));
         }
+        check_retention("prune.retention", self.prune.retention)?;
+        if !(1..=1000).contains(&self.store.max_connections) {
+            return Err(WharfError::Config(format!(
+                "store.max_connections must be between 1 and 1000, got {}",
+                self.store.max_connections
+            )));
+        }
+        if !self.store.schema.is_empty() {
+            wharf_store::postgres::check_schema_name(&self.store.schema)
+                .map_err(|e| WharfError::Config(e.to_string()))?;
+        }
+        self.http.validate()?;
         if self.prune.batch < 1 {
             return Err(WharfError::Config(format!(
                 "prune.batch must be at least 1, got {}",
@@ -342,14 +461,27 @@ fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<(), WharfError> {
+    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
     for (name, value) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
         };
         let Some((section, key)) = rest.split_once("__") else {
-            continue;
+            let not_config = ENV_NOT_CONFIG.contains(&name.as_str())
+                || ENV_NOT_CONFIG_PREFIXES.iter().any(|p| name.starts_with(p));
+            if not_config {
+                continue;
+            }
+            return Err(WharfError::Config(format!(
+                "unknown environment variable {name}: configuration variables are named \
+                 WHARF_<SECTION>__<KEY> (e.g. WHARF_STORE__URL), and WHARF_CONFIG names the file"
+            )));
         };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        let default = defaults
+            .get(&section)
+            .and_then(|s| s.as_table())
+            .and_then(|s| s.get(&key));
         let entry = table
             .entry(section.clone())
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
@@ -358,19 +490,26 @@ fn apply_env(
                 "{name}: [{section}] in the file is not a table"
             )));
         };
-        section_table.insert(key, scalar(&value));
+        section_table.insert(key, scalar(&value, default));
     }
     Ok(())
 }
 
-/// Reads an environment value as a TOML integer or boolean when it is one, else as a string.
-fn scalar(value: &str) -> toml::Value {
-    if let Ok(i) = value.parse::<i64>() {
-        return toml::Value::Integer(i);
-    }
-    match value {
-        "true" => toml::Value::Boolean(true),
-        "false" => toml::Value::Boolean(false),
+/// Reads an environment value as the type of its key's default: an integer or boolean key
+/// takes the number or `true`/`false` it spells, everything else (strings, durations,
+/// addresses, and values that do not parse, so the decoder can name the key) stays a string.
+/// So `WHARF_STORE__SCHEMA=2024` is the schema named "2024".
+fn scalar(value: &str, default: Option<&toml::Value>) -> toml::Value {
+    match default {
+        Some(toml::Value::Integer(_)) => value.parse::<i64>().map_or_else(
+            |_| toml::Value::String(value.to_owned()),
+            toml::Value::Integer,
+        ),
+        Some(toml::Value::Boolean(_)) => match value {
+            "true" => toml::Value::Boolean(true),
+            "false" => toml::Value::Boolean(false),
+            _ => toml::Value::String(value.to_owned()),
+        },
         _ => toml::Value::String(value.to_owned()),
     }
 }
@@ -451,6 +590,73 @@ mod tests {
             err.contains("declarations.instance_ttl (15s)")
                 && err.contains("declarations.heartbeat_interval (10s)"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn numeric_looking_strings_stay_strings_for_string_keys() {
+        let config = Config::load(None, env(&[("WHARF_STORE__SCHEMA", "2024")])).unwrap();
+        assert_eq!(config.store.schema, "2024");
+        let config = Config::load(None, env(&[("WHARF_STORE__MAX_CONNECTIONS", "7")])).unwrap();
+        assert_eq!(config.store.max_connections, 7);
+    }
+
+    #[test]
+    fn unknown_wharf_variables_are_refused_by_name() {
+        let err = Config::load(None, env(&[("WHARF_FOO", "1")])).unwrap_err();
+        assert!(err.to_string().contains("WHARF_FOO"), "{err}");
+        for name in [
+            "WHARF_CONFIG",
+            "WHARF_TEST_PG_URL",
+            "WHARF_REQUIRE_SERVICES",
+        ] {
+            Config::load(None, env(&[(name, "x")])).unwrap();
+        }
+    }
+
+    #[test]
+    fn bounds_name_the_key_and_the_value() {
+        for (name, value, expected) in [
+            ("WHARF_STORE__MAX_CONNECTIONS", "0", "store.max_connections"),
+            ("WHARF_STORE__MAX_CONNECTIONS", "5000", "between 1 and 1000"),
+            (
+                "WHARF_STORE__SCHEMA",
+                "bad-name",
+                "store.schema \"bad-name\"",
+            ),
+            ("WHARF_PRUNE__RETENTION", "101years", "prune.retention"),
+            ("WHARF_QUEUE__RETENTION", "101years", "queue.retention"),
+            ("WHARF_HTTP__IDLE_TIMEOUT", "0s", "http.idle_timeout"),
+            (
+                "WHARF_HTTP__HEADER_READ_TIMEOUT",
+                "2h",
+                "http.header_read_timeout",
+            ),
+            ("WHARF_HTTP__MAX_BODY_BYTES", "0", "http.max_body_bytes"),
+            ("WHARF_HTTP__MAX_CONNECTIONS", "0", "http.max_connections"),
+            (
+                "WHARF_HTTP__MAX_CONCURRENT_REQUESTS",
+                "0",
+                "http.max_concurrent_requests",
+            ),
+        ] {
+            let err = Config::load(None, env(&[(name, value)])).unwrap_err();
+            assert!(err.to_string().contains(expected), "{name}={value}: {err}");
+            assert!(
+                !err.to_string().contains("store url"),
+                "{name}={value}: {err}"
+            );
+        }
+        assert!(parse_retention("99999999999years").is_err());
+        assert!(parse_retention("forever").unwrap_err().contains("7d"));
+        assert_eq!(parse_retention("7d"), Ok(Duration::from_secs(7 * 86_400)));
+    }
+
+    #[test]
+    fn http_defaults_match_the_api_layer() {
+        assert_eq!(
+            HttpConfig::default().limits(),
+            wharf_api::HttpLimits::default()
         );
     }
 

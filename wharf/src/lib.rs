@@ -91,13 +91,32 @@ pub struct Wharf {
 impl Wharf {
     /// Opens the configured store, migrating it when `store.auto_migrate` is set and failing
     /// closed otherwise (an unreachable or unmigrated store is an error, never a fallback).
+    ///
+    /// Any number of processes may open one fresh store at once: schema creation and
+    /// migration are serialized across processes (a Postgres advisory lock; SQLite's write
+    /// lock). With `auto_migrate` off nothing is created. A store migrated by a newer build is
+    /// opened without migrating, for reads and consumers, unless that build recorded that
+    /// older builds must not read it (ADR 0017).
     pub async fn open(config: &Config) -> Result<Self, WharfError> {
-        let store = open_store(&config.store).await?;
-        if config.store.auto_migrate {
-            store.migrate().await?;
+        let store = if config.store.auto_migrate {
+            let store = open_store(&config.store).await?;
+            if store.schema_version().await? > store.known_version() {
+                store.ensure_migrated().await?;
+                tracing::warn!(
+                    found = store.schema_version().await?,
+                    known = store.known_version(),
+                    "the store was migrated by a newer build: reading and consuming only; \
+                     migrate, prune, retention and rebuild refuse until this build is upgraded"
+                );
+            } else {
+                store.migrate().await?;
+            }
+            store
         } else {
+            let store = open_existing_store(&config.store).await?;
             store.ensure_migrated().await?;
-        }
+            store
+        };
         Ok(Self::with_store(store, config))
     }
 
@@ -172,7 +191,9 @@ impl Wharf {
     /// One retention pass over the message log with the configured `queue.retention` and
     /// `queue.retention_batch`: deletes what every group is done with, and what aged out and
     /// no live group needs.
+    /// Refused on a store migrated by a newer build.
     pub async fn retain_messages(&self) -> Result<RetentionReport, WharfError> {
+        self.store.ensure_not_newer("message log retention").await?;
         Ok(self
             .queue
             .retain(
@@ -263,19 +284,41 @@ impl Wharf {
     }
 }
 
-/// Opens (without migrating) the store a configuration names.
+/// Opens (without migrating) the store a configuration names, creating the SQLite file or the
+/// Postgres schema when missing (under a cross-process lock on Postgres).
 pub async fn open_store(config: &config::StoreConfig) -> Result<Store, WharfError> {
+    open_store_with(config, true).await
+}
+
+/// Opens the store a configuration names only if it exists: a missing SQLite file or Postgres
+/// schema is [`wharf_store::StoreError::Missing`], and nothing is created. Read-only and
+/// maintenance commands use this.
+pub async fn open_existing_store(config: &config::StoreConfig) -> Result<Store, WharfError> {
+    open_store_with(config, false).await
+}
+
+async fn open_store_with(config: &config::StoreConfig, create: bool) -> Result<Store, WharfError> {
     match StoreLocation::parse(&config.url)? {
-        StoreLocation::Sqlite(path) => Ok(Store::Sqlite(
-            SqliteStore::open(path, wharf_projections::sqlite_inline()).await?,
-        )),
+        StoreLocation::Sqlite(path) => {
+            let projectors = wharf_projections::sqlite_inline();
+            let store = if create {
+                SqliteStore::open(path, projectors).await?
+            } else {
+                SqliteStore::open_existing(path, projectors).await?
+            };
+            Ok(Store::Sqlite(store))
+        }
         StoreLocation::Postgres(url) => {
             let settings = PgSettings {
                 schema: (!config.schema.is_empty()).then(|| config.schema.clone()),
                 max_connections: config.max_connections,
                 ..PgSettings::new(url)
             };
-            PgStore::create_schema(&settings).await?;
+            if create {
+                PgStore::create_schema(&settings).await?;
+            } else {
+                PgStore::require_schema(&settings).await?;
+            }
             Ok(Store::Postgres(PgStore::connect(
                 &settings,
                 wharf_projections::pg_inline(),

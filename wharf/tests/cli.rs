@@ -1196,7 +1196,13 @@ async fn read_until_serving(
 }
 
 async fn start_server(store: &TestStore) -> Server {
+    start_server_with(store, &[]).await
+}
+
+/// `serve` with extra environment variables.
+async fn start_server_with(store: &TestStore, env: &[(&str, &str)]) -> Server {
     let mut command = store.command();
+    command.envs(env.iter().copied());
     command
         .arg("serve")
         .env("WHARF_HTTP__LISTEN", "127.0.0.1:0")
@@ -1327,6 +1333,41 @@ async fn serve_answers_then_stops_cleanly_on_sigterm(backend: Backend) {
 }
 
 on_both_backends!(serve_answers_then_stops_cleanly_on_sigterm);
+
+/// `serve` takes its HTTP bounds from the `http` section: a connection that sends nothing is
+/// closed after `http.idle_timeout` / `http.header_read_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_closes_a_silent_connection_after_the_configured_timeouts() {
+    use tokio::io::AsyncReadExt;
+    let store = seeded(Backend::Sqlite).await.unwrap();
+    let server = start_server_with(
+        &store,
+        &[
+            ("WHARF_HTTP__IDLE_TIMEOUT", "300ms"),
+            ("WHARF_HTTP__HEADER_READ_TIMEOUT", "300ms"),
+        ],
+    )
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(server.address)
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match silent.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "a silent connection was still open after 5s (the defaults are 10s and 60s)"
+    );
+    let (code, _) = server.terminate().await;
+    assert_eq!(code, Some(0));
+}
 
 /// Log lines written to a pipe should be plain text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

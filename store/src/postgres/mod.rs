@@ -70,6 +70,13 @@ impl PgStore {
                     url: redact(&settings.url),
                     reason: e.to_string(),
                 })?;
+        if settings.max_connections == 0 {
+            return Err(StoreError::Setting {
+                field: "max_connections",
+                value: settings.max_connections.to_string(),
+                reason: "a pool needs at least 1 connection".into(),
+            });
+        }
         let options = options.application_name("wharf");
         let schema = settings.schema.clone();
         if let Some(schema) = &schema {
@@ -123,6 +130,14 @@ impl PgStore {
             sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations")
                 .fetch_one(&mut *tx)
                 .await?;
+        let known = migrate::needed(migrate::POSTGRES);
+        if current > known {
+            return Err(StoreError::NewerSchema {
+                found: current,
+                known,
+                operation: "migrate",
+            });
+        }
         let mut applied = Vec::new();
         for script in migrate::POSTGRES.iter().filter(|m| m.version > current) {
             sqlx::raw_sql(script.sql).execute(&mut *tx).await?;
@@ -153,14 +168,30 @@ impl PgStore {
         )
     }
 
-    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build needs.
+    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build
+    /// needs; a newer schema passes unless its build recorded a compatibility floor above this
+    /// build ([`migrate::check_readable`]).
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
         let found = self.schema_version().await?;
-        let needed = migrate::needed(migrate::POSTGRES);
-        if found < needed {
-            return Err(StoreError::NotMigrated { found, needed });
+        let known = migrate::needed(migrate::POSTGRES);
+        let readers_from = if found > known {
+            self.readers_from().await?
+        } else {
+            None
+        };
+        migrate::check_readable(found, known, readers_from)
+    }
+
+    async fn readers_from(&self) -> Result<Option<i64>, StoreError> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(migrate::COMPAT_TABLE)
+            .fetch_one(&self.pool)
+            .await?;
+        if !exists {
+            return Ok(None);
         }
-        Ok(())
+        let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
     }
 
     /// The store's current time.
@@ -173,19 +204,68 @@ impl PgStore {
     /// Dials the server once, directly, and creates the schema named in `settings` if it does
     /// not exist. Start-up calls this so an unreachable server fails at once with the dial
     /// error, instead of after the pool's acquire timeout.
+    ///
+    /// `CREATE SCHEMA IF NOT EXISTS` is not safe under concurrency (two sessions can both see
+    /// no schema and one fails on `pg_namespace`'s unique index), so any number of processes
+    /// starting together serialize on a session advisory lock with a fixed key, taken on this
+    /// dedicated connection before anything is created and released when it closes.
     pub async fn create_schema(settings: &PgSettings) -> Result<(), StoreError> {
+        let Some(schema) = &settings.schema else {
+            let _conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
+            return Ok(());
+        };
+        check_schema_name(schema)?;
+        let mut conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(CREATE_SCHEMA_LOCK)
+            .execute(&mut conn)
+            .await?;
+        let created = conn
+            .execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
+            .await;
+        let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(CREATE_SCHEMA_LOCK)
+            .execute(&mut conn)
+            .await;
+        let _ = sqlx::Connection::close(conn).await;
+        created?;
+        unlocked?;
+        Ok(())
+    }
+
+    /// Dials the server once, directly, and fails with [`StoreError::Missing`] when the schema
+    /// named in `settings` does not exist. Commands that never create a store call this
+    /// instead of [`PgStore::create_schema`].
+    pub async fn require_schema(settings: &PgSettings) -> Result<(), StoreError> {
         let mut conn: PgConnection = sqlx::Connection::connect(&settings.url).await?;
         let Some(schema) = &settings.schema else {
             return Ok(());
         };
         check_schema_name(schema)?;
-        conn.execute(format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\"").as_str())
-            .await?;
-        Ok(())
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                .bind(schema)
+                .fetch_one(&mut conn)
+                .await?;
+        let _ = sqlx::Connection::close(conn).await;
+        if exists {
+            Ok(())
+        } else {
+            Err(StoreError::Missing {
+                location: format!("Postgres schema \"{schema}\" ({})", redact(&settings.url)),
+            })
+        }
     }
 }
 
-fn check_schema_name(schema: &str) -> Result<(), StoreError> {
+/// The session advisory lock every process takes before creating a schema: a fixed key, so
+/// processes naming different schemas also serialize (creating a schema takes milliseconds).
+/// The value spells "wharfSCH" in ASCII.
+const CREATE_SCHEMA_LOCK: i64 = 0x7768_6172_6653_4348;
+
+/// Checks a Postgres schema name: 1 to 63 ASCII letters, digits or `_` (so it can be quoted
+/// into statements safely). Digits alone (`2024`) are a valid name.
+pub fn check_schema_name(schema: &str) -> Result<(), StoreError> {
     let ok = !schema.is_empty()
         && schema.len() <= 63
         && schema
@@ -194,9 +274,9 @@ fn check_schema_name(schema: &str) -> Result<(), StoreError> {
     if ok {
         Ok(())
     } else {
-        Err(StoreError::Url {
-            url: schema.to_owned(),
-            reason: "schema must be 1 to 63 ASCII letters, digits or '_'".into(),
+        Err(StoreError::Schema {
+            schema: schema.to_owned(),
+            reason: "a schema name must be 1 to 63 ASCII letters, digits or '_'".into(),
         })
     }
 }
@@ -217,5 +297,24 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_of_no_connections_is_refused_not_a_panic() {
+        let settings = PgSettings {
+            max_connections: 0,
+            ..PgSettings::new("postgres://postgres@127.0.0.1:1/test")
+        };
+        let refused = PgStore::connect(&settings, Vec::new()).err();
+        let message = refused.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("max_connections") && message.contains('0'),
+            "{message}"
+        );
     }
 }

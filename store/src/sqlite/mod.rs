@@ -32,6 +32,8 @@ pub struct SqliteStore {
 
 struct Inner {
     path: PathBuf,
+    /// Whether connections may create the file (false for [`SqliteStore::open_existing`]).
+    create: bool,
     writer: Mutex<Writer>,
     readers: Mutex<Vec<Connection>>,
     projectors: Vec<Arc<dyn SqliteProjector>>,
@@ -84,15 +86,39 @@ impl SqliteStore {
         path: impl AsRef<Path>,
         projectors: Vec<Arc<dyn SqliteProjector>>,
     ) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_with(path.as_ref(), projectors, true).await
+    }
+
+    /// Opens the SQLite file at `path` only if it exists: fails with [`StoreError::Missing`]
+    /// otherwise and never creates it. Commands that must not create a store use this.
+    pub async fn open_existing(
+        path: impl AsRef<Path>,
+        projectors: Vec<Arc<dyn SqliteProjector>>,
+    ) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        if !path.is_file() {
+            return Err(StoreError::Missing {
+                location: format!("SQLite file {}", path.display()),
+            });
+        }
+        Self::open_with(path, projectors, false).await
+    }
+
+    async fn open_with(
+        path: &Path,
+        projectors: Vec<Arc<dyn SqliteProjector>>,
+        create: bool,
+    ) -> Result<Self, StoreError> {
+        let path = path.to_path_buf();
         let conn = blocking({
             let path = path.clone();
-            move || open_connection(&path)
+            move || open_connection(&path, create)
         })
         .await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
+                create,
                 writer: Mutex::new(Writer { conn }),
                 readers: Mutex::new(Vec::new()),
                 projectors,
@@ -125,6 +151,14 @@ impl SqliteStore {
                 [],
                 |row| row.get(0),
             )?;
+            let known = migrate::needed(migrate::SQLITE);
+            if current > known {
+                return Err(StoreError::NewerSchema {
+                    found: current,
+                    known,
+                    operation: "migrate",
+                });
+            }
             let mut applied = Vec::new();
             for script in migrate::SQLITE.iter().filter(|m| m.version > current) {
                 ctx.tx.execute_batch(script.sql)?;
@@ -159,14 +193,30 @@ impl SqliteStore {
         .await
     }
 
-    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build needs.
+    /// Fails with [`StoreError::NotMigrated`] unless the schema is at least what this build
+    /// needs; a newer schema passes unless its build recorded a compatibility floor above this
+    /// build ([`migrate::check_readable`]).
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
         let found = self.schema_version().await?;
-        let needed = migrate::needed(migrate::SQLITE);
-        if found < needed {
-            return Err(StoreError::NotMigrated { found, needed });
-        }
-        Ok(())
+        let known = migrate::needed(migrate::SQLITE);
+        let readers_from = if found > known {
+            self.read(|conn| {
+                let exists: bool = conn.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = ?1)",
+                    [migrate::COMPAT_TABLE],
+                    |row| row.get(0),
+                )?;
+                if !exists {
+                    return Ok(None);
+                }
+                let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
+                Ok(conn.query_row(&sql, [], |row| row.get(0))?)
+            })
+            .await?
+        } else {
+            None
+        };
+        migrate::check_readable(found, known, readers_from)
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer; commits when it returns `Ok`.
@@ -221,7 +271,7 @@ impl SqliteStore {
             let pooled = lock(&inner.readers).pop();
             let mut conn = match pooled {
                 Some(conn) => conn,
-                None => open_connection(&inner.path)?,
+                None => open_connection(&inner.path, inner.create)?,
             };
             let result = f(&mut conn);
             lock(&inner.readers).push(conn);
@@ -236,20 +286,95 @@ impl SqliteStore {
     }
 }
 
-fn open_connection(path: &Path) -> Result<Connection, StoreError> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_CREATE
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+fn open_connection(path: &Path, create: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
     let conn = Connection::open_with_flags(path, flags)?;
+    // The busy timeout first: switching a new file to WAL takes the file's write lock, and
+    // several processes opening one file at once must wait for each other, not fail.
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
     // WAL lets readers proceed beside the writer; FULL makes every commit durable (fsync).
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
     // Room for every statement the writer runs (declarations, queue, retention) to stay
     // compiled; rusqlite's default of 16 would evict hot-path statements.
     conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
+}
+
+/// What `PRAGMA quick_check` found in a SQLite file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuickCheck {
+    /// The check finished and found nothing wrong.
+    Ok,
+    /// The check found damage; the first problems it reported.
+    Corrupt(Vec<String>),
+    /// The check did not finish within its time budget.
+    Unfinished,
+}
+
+/// Runs `PRAGMA quick_check` (at most 10 problems reported) on the existing file at `path` on a
+/// connection of its own, interrupted after `budget`. `quick_check` reads every page of the
+/// file but skips the index-to-table cross checks of `integrity_check`, so it is linear in
+/// the file size. A file too damaged to open counts as corrupt.
+pub async fn quick_check(
+    path: &Path,
+    budget: std::time::Duration,
+) -> Result<QuickCheck, StoreError> {
+    let path = path.to_path_buf();
+    blocking(move || {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = match Connection::open_with_flags(&path, flags) {
+            Ok(conn) => conn,
+            Err(e) if is_corruption(&e) => return Ok(QuickCheck::Corrupt(vec![e.to_string()])),
+            Err(e) => return Err(e.into()),
+        };
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        // A watchdog interrupts the check when the budget runs out; finishing first drops
+        // the sender, which ends the watchdog at once.
+        let interrupt = conn.get_interrupt_handle();
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(budget) {
+                interrupt.interrupt();
+            }
+        });
+        let rows = conn
+            .prepare("PRAGMA quick_check(10)")
+            .and_then(|mut statement| {
+                statement
+                    .query_map([], |row| row.get::<_, String>(0))?
+                    .collect::<Result<Vec<String>, _>>()
+            });
+        drop(done);
+        let _ = watchdog.join();
+        match rows {
+            Ok(rows) if rows == ["ok"] => Ok(QuickCheck::Ok),
+            Ok(rows) => Ok(QuickCheck::Corrupt(rows)),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::OperationInterrupted =>
+            {
+                Ok(QuickCheck::Unfinished)
+            }
+            Err(e) if is_corruption(&e) => Ok(QuickCheck::Corrupt(vec![e.to_string()])),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+}
+
+fn is_corruption(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(failure, _)
+            if matches!(
+                failure.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            )
+    )
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

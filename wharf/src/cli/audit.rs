@@ -14,11 +14,11 @@ pub struct DeclarationsArgs {
     /// The consumer group.
     #[arg(long)]
     pub group: String,
-    /// Only entries recorded at or after this RFC 3339 time.
-    #[arg(long)]
+    /// Only entries recorded at or after this RFC 3339 time (e.g. 2024-05-01T12:00:00Z).
+    #[arg(long, value_parser = parse_time)]
     pub since: Option<DateTime<Utc>>,
-    /// Only entries recorded before this RFC 3339 time.
-    #[arg(long)]
+    /// Only entries recorded before this RFC 3339 time (e.g. 2024-05-01T12:00:00Z).
+    #[arg(long, value_parser = parse_time)]
     pub until: Option<DateTime<Utc>>,
     /// Only this declarer's entries (hostname:pid:random).
     #[arg(long)]
@@ -41,8 +41,20 @@ pub struct GroupsArgs {
     pub json: bool,
 }
 
+/// Parses an RFC 3339 time; the error names the accepted format.
+fn parse_time(text: &str) -> Result<DateTime<Utc>, String> {
+    DateTime::parse_from_rfc3339(text)
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|e| {
+            format!(
+                "{e}: expected an RFC 3339 time such as 2024-05-01T12:00:00Z or \
+                 2024-05-01T14:00:00+02:00"
+            )
+        })
+}
+
 async fn read_model(config: &Config) -> anyhow::Result<ReadModel> {
-    let store = wharf::open_store(&config.store).await?;
+    let store = wharf::open_existing_store(&config.store).await?;
     store.ensure_migrated().await?;
     Ok(ReadModel::new(store, config.declarations.instance_ttl))
 }

@@ -42,7 +42,7 @@ pub struct ReplayArgs {
 }
 
 async fn open(config: &Config) -> anyhow::Result<Wharf> {
-    let store = wharf::open_store(&config.store).await?;
+    let store = wharf::open_existing_store(&config.store).await?;
     store.ensure_migrated().await?;
     Ok(Wharf::with_store(store, config))
 }

@@ -24,8 +24,9 @@ pub struct PruneArgs {
     /// Count what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Keep superseded attempts younger than this (overrides prune.retention), e.g. 7d.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Keep superseded attempts younger than this (overrides prune.retention): a duration
+    /// such as 90s, 15m, 24h or 7d, at most 100 years.
+    #[arg(long, value_parser = wharf::config::parse_retention)]
     pub retention: Option<Duration>,
 }
 
@@ -43,7 +44,7 @@ pub async fn migrate(config: &Config) -> anyhow::Result<ExitCode> {
 }
 
 async fn read_model(config: &Config) -> anyhow::Result<ReadModel> {
-    let store = wharf::open_store(&config.store).await?;
+    let store = wharf::open_existing_store(&config.store).await?;
     store.ensure_migrated().await?;
     Ok(ReadModel::new(store, config.declarations.instance_ttl))
 }

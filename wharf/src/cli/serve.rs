@@ -5,17 +5,24 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 use wharf::projections::{PruneOptions, ReadModel};
+use wharf::store::sqlite::{quick_check, QuickCheck};
+use wharf::store::StoreLocation;
 use wharf::{Config, Wharf};
 
 /// How often the catch-up projectors poll the log when idle.
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 
+/// The longest the start-up integrity check of a SQLite file may take; a larger file is
+/// served unchecked (with a warning) rather than delaying start without bound.
+const QUICK_CHECK_BUDGET: Duration = Duration::from_secs(30);
+
 pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     // Install the signal handlers before anything is announced, so a SIGTERM sent as soon as
     // "wharf serving" appears is a graceful stop, not the default kill.
     let shutdown = shutdown_signal()?;
+    check_sqlite_integrity(&config).await?;
     let wharf = Wharf::open(&config)
         .await
         .context("opening the store (serve fails closed when it is unreachable)")?;
@@ -33,11 +40,45 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
     let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
     let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
     let state = wharf_api::ApiState::new(read).with_queue(wharf.queue().clone());
-    wharf_api::serve(listener, state, shutdown).await?;
+    wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses to serve an existing SQLite file that `PRAGMA quick_check` finds damaged: a corrupt
+/// page would otherwise fail the listing and the catch-up loop forever while the process
+/// looks up.
+async fn check_sqlite_integrity(config: &Config) -> anyhow::Result<()> {
+    let Ok(StoreLocation::Sqlite(path)) = StoreLocation::parse(&config.store.url) else {
+        return Ok(());
+    };
+    if !path.is_file() {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    match quick_check(&path, QUICK_CHECK_BUDGET).await? {
+        QuickCheck::Ok => {
+            info!(path = %path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "SQLite integrity check passed");
+            Ok(())
+        }
+        QuickCheck::Unfinished => {
+            warn!(
+                path = %path.display(),
+                budget = %humantime::format_duration(QUICK_CHECK_BUDGET),
+                "SQLite integrity check did not finish within its budget; serving unchecked"
+            );
+            Ok(())
+        }
+        QuickCheck::Corrupt(problems) => anyhow::bail!(
+            "the SQLite file {} failed its integrity check (PRAGMA quick_check): {}; \
+             serve refuses to start on a damaged store: stop every process using it and \
+             restore it from a backup or recover it (docs/runbooks/sqlite-corruption.md)",
+            path.display(),
+            problems.join("; ")
+        ),
+    }
 }
 
 async fn catch_up_loop(read: ReadModel, mut stop: watch::Receiver<bool>) {
