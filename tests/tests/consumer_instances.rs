@@ -144,7 +144,7 @@ fn record_states(consumer: &Consumer) -> Arc<Mutex<Vec<ConsumerState>>> {
 async fn two_consumers_in_one_process_behave_like_two_processes(backend: Backend) {
     let store = TestStore::new(backend).await;
     // Heartbeats every 50 ms: the second set waits through dozens of them.
-    let wharf = Wharf::with_store(store.store.clone(), &config(&store, timings(50, 1_000)));
+    let wharf = Wharf::with_store(store.store.clone(), &config(&store, timings(50, 5_000)));
     let first = wharf.consume(registration(&["orders/eu/#"]));
     ready(&first, "the first consumer").await;
     let twin = wharf.consume(registration(&["orders/eu/#"]));

@@ -562,7 +562,12 @@ async fn a_newer_schema_is_read_but_never_migrated_pruned_or_rebuilt(postgres: b
     .await
     .success();
     // What rewrites or deletes refuses, naming both versions.
-    let known = if postgres { "5" } else { "3" };
+    let scripts = if postgres {
+        wharf::store::migrate::POSTGRES
+    } else {
+        wharf::store::migrate::SQLITE
+    };
+    let known = wharf::store::migrate::needed(scripts).to_string();
     for args in [
         &["migrate"][..],
         &["prune"],

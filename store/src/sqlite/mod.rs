@@ -296,13 +296,32 @@ fn open_connection(path: &Path, create: bool) -> Result<Connection, StoreError> 
     // several processes opening one file at once must wait for each other, not fail.
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     // WAL lets readers proceed beside the writer; FULL makes every commit durable (fsync).
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    switch_to_wal(&conn)?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // Room for every statement the writer runs (declarations, queue, retention) to stay
     // compiled; rusqlite's default of 16 would evict hot-path statements.
     conn.set_prepared_statement_cache_capacity(128);
     Ok(conn)
+}
+
+/// Switches the file to WAL. On a new file, connections of several processes opening it at
+/// once each hold a read lock while asking for the write lock the switch needs; SQLite answers
+/// one of them "busy" at once rather than let them deadlock, without calling the busy handler.
+/// That connection retries (for as long as the busy timeout) once the other has switched.
+fn switch_to_wal(conn: &Connection) -> Result<(), StoreError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return Ok(other?),
+        }
+    }
 }
 
 /// What `PRAGMA quick_check` found in a SQLite file.

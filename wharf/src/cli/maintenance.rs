@@ -130,8 +130,8 @@ pub async fn prune(config: &Config, args: PruneArgs) -> anyhow::Result<ExitCode>
     let wharf = Wharf::with_store(read.store().clone(), config);
     let retained = wharf.retain_messages().await?;
     println!(
-        "message log: deleted {} messages, {} orphaned deliveries",
-        retained.messages, retained.orphaned_deliveries
+        "message log: deleted {} messages, {} orphaned deliveries, {} set-aside deliveries",
+        retained.messages, retained.orphaned_deliveries, retained.set_aside_dropped
     );
     Ok(ExitCode::SUCCESS)
 }
