@@ -836,6 +836,57 @@ async fn queue_listing(store: Store) {
     app.expect_invalid("/api/v1/groups/bad$name/dead-letters", "group", "bad$name")
         .await;
 
+    // A swap with an unacked delivery of the old set: the group's figures and the swaps
+    // listing count it as set aside.
+    queue
+        .publish(
+            &topic,
+            &[OutgoingMessage::new("orders/us/paid", b"late".to_vec(), Headers::new()).unwrap()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(queue.route(&billing).await.unwrap().routed, 1);
+    assert!(store.leave("billing", "host-a:1:aa").await.unwrap());
+    let outcome = register(
+        &store,
+        "billing",
+        "orders",
+        "host-c:3:cc",
+        &["orders/eu/#"],
+        &[],
+    )
+    .await;
+    assert!(
+        matches!(outcome, RegisterOutcome::Installed { .. }),
+        "{outcome:?}"
+    );
+    // orders/eu/refunded, routed past under the old set, is the new set's now; orders/eu/paid
+    // was dead-lettered under the old set, so it is not handed out again.
+    let handed = queue.fetch(&billing, "host-c:3:cc", 10).await.unwrap();
+    let subjects: Vec<&str> = handed.iter().map(|c| c.subject.as_str()).collect();
+    assert_eq!(subjects, ["orders/eu/refunded"]);
+    queue.ack(&handed[0]).await.unwrap();
+    let (_, group) = app.get("/api/v1/groups/billing").await;
+    assert_eq!(group["queue"]["set_aside"], 1, "{group}");
+    assert_eq!(group["queue"]["claimable"], 0, "{group}");
+    let (status, swaps) = app.get("/api/v1/groups/billing/swaps").await;
+    assert_eq!(status, 200, "{swaps}");
+    let newest = &swaps["swaps"][0];
+    assert_eq!(newest["patterns"], json!(["orders/eu/#"]), "{swaps}");
+    assert_eq!(
+        (&newest["kept"], &newest["set_aside"], &newest["restored"]),
+        (&json!(0), &json!(1), &json!(0)),
+        "{swaps}"
+    );
+    let (_, one) = app.get("/api/v1/groups/billing/swaps?limit=1").await;
+    assert_eq!(one["swaps"].as_array().unwrap().len(), 1, "{one}");
+    app.expect_invalid("/api/v1/groups/billing/swaps?limit=0", "limit", "0")
+        .await;
+    app.expect_invalid("/api/v1/groups/billing/swaps?after=1", "after", "1")
+        .await;
+    let (status, _) = app.get("/api/v1/groups/unknown/swaps").await;
+    assert_eq!(status, 404);
+
     app.shut_down().await;
 }
 

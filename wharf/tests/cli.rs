@@ -1173,6 +1173,55 @@ async fn dead_letters_list_replay_and_retention(backend: Backend) {
 }
 on_both_backends!(dead_letters_list_replay_and_retention);
 
+async fn audit_swaps_shows_what_each_swap_set_aside(backend: Backend) {
+    use wharf::queue::{Headers, Queue, QueueSettings};
+    let Some(store) = seeded(backend).await else {
+        return;
+    };
+    let wharf = store.wharf().await;
+    let messages = ["orders/us/1", "orders/eu/1", "orders/us/2"]
+        .iter()
+        .map(|s| ((*s).to_owned(), Vec::new(), Headers::new()))
+        .collect();
+    wharf.publish("orders", messages).await.unwrap();
+    let shipping = wharf::domain::GroupName::parse("group", "shipping").unwrap();
+    let queue = Queue::new(wharf.store().clone(), QueueSettings::default());
+    let held = queue.fetch(&shipping, "cli-test", 10).await.unwrap();
+    assert_eq!(held.len(), 2, "{held:?}");
+    let outcome = register(&wharf, "gamma-2", "shipping", &["orders/eu/#"]).await;
+    assert!(
+        matches!(outcome, RegisterOutcome::Installed { .. }),
+        "{outcome:?}"
+    );
+    let handed = queue.fetch(&shipping, "cli-test", 10).await.unwrap();
+    assert_eq!(
+        handed.len(),
+        1,
+        "only orders/eu/1 under the new set: {handed:?}"
+    );
+
+    let listed = store
+        .run(&["audit", "swaps", "--group", "shipping", "--json"])
+        .await;
+    let swaps: Value = serde_json::from_str(listed.success()).unwrap();
+    let swaps = swaps.as_array().unwrap();
+    assert_eq!(swaps.len(), 2, "{swaps:?}");
+    assert_eq!(swaps[0]["patterns"], serde_json::json!(["orders/eu/#"]));
+    assert_eq!(
+        (swaps[0]["set_aside"].as_i64(), swaps[0]["kept"].as_i64()),
+        (Some(2), Some(0))
+    );
+    let table = store.run(&["audit", "swaps", "--group", "shipping"]).await;
+    assert!(table.success().contains("set_aside"), "{table}");
+    let unknown = store.run(&["audit", "swaps", "--group", "nobody"]).await;
+    assert!(unknown.failure().contains("nobody"), "{unknown}");
+    let bad = store
+        .run(&["audit", "swaps", "--group", "shipping", "--limit", "0"])
+        .await;
+    assert!(bad.failure().contains("--limit"), "{bad}");
+}
+on_both_backends!(audit_swaps_shows_what_each_swap_set_aside);
+
 // ---------------------------------------------------------------------------------------------
 // serve
 // ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-//! `audit declarations` and `groups`: the ledger and the listing, as a table or JSON.
+//! `audit declarations`, `audit swaps` and `groups`: the ledger, what each swap did to the
+//! group's messages, and the listing, as a table or JSON.
 
 use std::process::ExitCode;
 
@@ -29,6 +30,19 @@ pub struct DeclarationsArgs {
     /// Entries per page (1 to 1000).
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SwapsArgs {
+    /// The consumer group.
+    #[arg(long)]
+    pub group: String,
+    /// How many installs to list, newest first (1 to 1000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=1000))]
+    pub limit: i64,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -96,6 +110,42 @@ pub async fn declarations(config: &Config, args: DeclarationsArgs) -> anyhow::Re
     }
     if let Some(next) = page.next_after {
         println!("(more: --after {next})");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What each install did to the group's unacked messages when the router applied it
+/// (ADR 0014): kept, set aside, restored, and the log range rescanned.
+pub async fn swaps(config: &Config, args: SwapsArgs) -> anyhow::Result<ExitCode> {
+    let group = GroupName::parse("--group", &args.group)?;
+    let read = read_model(config).await?;
+    if !read.is_declared(&group).await? {
+        anyhow::bail!("group {:?} was never declared", group.as_str());
+    }
+    let queue = wharf::queue::Queue::new(read.store().clone(), config.queue.settings());
+    let swaps = queue.swaps(&group, args.limit).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&swaps).context("encoding JSON")?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>8}  {:<24}  {:>6}  {:>9}  {:>8}  {:<17}  patterns",
+        "install", "applied_at", "kept", "set_aside", "restored", "rescanned"
+    );
+    for swap in &swaps {
+        println!(
+            "{:>8}  {:<24}  {:>6}  {:>9}  {:>8}  {:<17}  {}",
+            swap.install,
+            swap.applied_at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            swap.kept,
+            swap.set_aside,
+            swap.restored,
+            format!("{}..={}", swap.rescan_from, swap.rescan_until),
+            show_set(&swap.patterns),
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

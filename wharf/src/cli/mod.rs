@@ -77,6 +77,8 @@ pub enum ProjectionsCommand {
 pub enum AuditCommand {
     /// A group's declaration history: who declared what, when.
     Declarations(audit::DeclarationsArgs),
+    /// What each swap did to a group's unacked messages: kept, set aside, restored, rescanned.
+    Swaps(audit::SwapsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -132,6 +134,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit {
             command: AuditCommand::Declarations(args),
         } => audit::declarations(&config, args).await,
+        Command::Audit {
+            command: AuditCommand::Swaps(args),
+        } => audit::swaps(&config, args).await,
         Command::Groups(args) => audit::groups(&config, args).await,
         Command::DeadLetters { command } => dead_letters::run(&config, command).await,
         Command::Config { .. } => Ok(ExitCode::SUCCESS),
