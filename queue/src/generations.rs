@@ -60,6 +60,36 @@ pub(crate) fn delivers(
     current.matches_str(subject) && !history.delivered(position, subject)
 }
 
+/// The positions of a forward slice (never routed before) that `current` delivers.
+pub(crate) fn forward_matches(current: &BindingMatcher, slice: &[(i64, String)]) -> Vec<i64> {
+    slice
+        .iter()
+        .filter(|(_, subject)| current.matches_str(subject))
+        .map(|(position, _)| *position)
+        .collect()
+}
+
+/// One rescan step over `slice` (at most `batch` rows of the range up to `until`): the
+/// positions `current` delivers, and the next position to rescan (`until + 1` once done).
+pub(crate) fn rescan_step(
+    current: &BindingMatcher,
+    history: &History,
+    slice: &[(i64, String)],
+    batch: i64,
+    until: i64,
+) -> (Vec<i64>, i64) {
+    let delivered = slice
+        .iter()
+        .filter(|(position, subject)| delivers(current, history, *position, subject))
+        .map(|(position, _)| *position)
+        .collect();
+    let next = match slice.last() {
+        Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
+        _ => until + 1,
+    };
+    (delivered, next)
+}
+
 /// The first position a new install rescans: the oldest message the log still holds, but never
 /// before the group's start; `routed + 1` (nothing to rescan) when the log is empty.
 pub(crate) fn rescan_start(start: i64, oldest_retained: Option<i64>, routed: i64) -> i64 {
@@ -157,6 +187,20 @@ mod tests {
             101,
             "nothing held below the cursor"
         );
+    }
+
+    #[test]
+    fn a_rescan_step_moves_on_by_a_full_batch_and_ends_on_a_short_one() {
+        let current = matcher(&["y/+"]);
+        let history = History::default();
+        let slice = vec![(3, "y/1".to_owned()), (4, "x/1".to_owned())];
+        assert_eq!(rescan_step(&current, &history, &slice, 2, 10), (vec![3], 5));
+        assert_eq!(
+            rescan_step(&current, &history, &slice, 3, 10),
+            (vec![3], 11)
+        );
+        assert_eq!(rescan_step(&current, &history, &[], 3, 10), (vec![], 11));
+        assert_eq!(forward_matches(&current, &slice), vec![3]);
     }
 
     #[test]

@@ -208,27 +208,46 @@ pub(crate) async fn ack_many(
     Ok(done)
 }
 
-/// Settles claims whose deliveries a swap set aside while they were held (ADR 0014): their
-/// handlers finished, so the messages are done for the group. Only reached when an ack found
-/// no delivery row, so the hot path pays nothing for it.
+/// Settles claims whose acks found no delivery row: a swap may have set them aside while they
+/// were held (ADR 0014), and their handlers finished, so the messages are done for the group.
+/// Only reached after a miss, so the hot path pays nothing for it.
+///
+/// A swap moves rows between `delivery` and `set_aside` under the group row lock; a plain
+/// second statement could look in `set_aside` just after a later swap restored the row to
+/// `delivery`. So this takes the groups' row locks first (waiting out any swap being applied)
+/// and then looks in both tables.
 async fn settle_set_aside(
     store: &PgStore,
     groups: &[&str],
     positions: &[i64],
     tokens: &[i64],
 ) -> Result<Vec<(String, i64, i64)>, QueueError> {
-    Ok(sqlx::query_as(
-        "DELETE FROM set_aside s USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
-           AS settled(group_name, position, claim_token) \
-         WHERE s.group_name = settled.group_name AND s.position = settled.position \
-           AND s.claim_token = settled.claim_token \
-         RETURNING s.group_name, s.position, s.claim_token",
+    let mut tx = store.pool().begin().await?;
+    sqlx::query(
+        "SELECT 1 FROM consumer_group WHERE group_name = ANY($1) ORDER BY group_name FOR UPDATE",
     )
     .bind(groups)
-    .bind(positions)
-    .bind(tokens)
-    .fetch_all(store.pool())
-    .await?)
+    .execute(&mut *tx)
+    .await?;
+    let mut settled = Vec::new();
+    for table in ["delivery", "set_aside"] {
+        let sql = format!(
+            "DELETE FROM {table} s USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
+               AS settled(group_name, position, claim_token) \
+             WHERE s.group_name = settled.group_name AND s.position = settled.position \
+               AND s.claim_token = settled.claim_token \
+             RETURNING s.group_name, s.position, s.claim_token"
+        );
+        let done: Vec<(String, i64, i64)> = sqlx::query_as(&sql)
+            .bind(groups)
+            .bind(positions)
+            .bind(tokens)
+            .fetch_all(&mut *tx)
+            .await?;
+        settled.extend(done);
+    }
+    tx.commit().await?;
+    Ok(settled)
 }
 
 /// Pushes a held claim's `visible_at` to `by` from now; only the claim token's holder can.

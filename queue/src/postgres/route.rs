@@ -11,7 +11,7 @@ use wharf_store::PgStore;
 
 use super::swap;
 use crate::error::QueueError;
-use crate::generations::delivers;
+use crate::generations::{forward_matches, rescan_step, History};
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport};
 
@@ -66,11 +66,7 @@ pub(crate) async fn route(
         batch,
     )
     .await?;
-    let mut matched: Vec<i64> = forward
-        .iter()
-        .filter(|(_, subject)| matcher.matches_str(subject))
-        .map(|(position, _)| *position)
-        .collect();
+    let mut matched = forward_matches(&matcher, &forward);
     let mut rescan_position = cursor.rescan_position;
     if cursor.rescan_position <= cursor.rescan_until {
         let slice = read_slice(
@@ -81,20 +77,15 @@ pub(crate) async fn route(
             batch,
         )
         .await?;
-        if let (Some(&(first, _)), Some(&(last, _))) = (slice.first(), slice.last()) {
-            let history =
-                swap::history(&mut tx, matchers, group, install.position, first, last).await?;
-            matched.extend(
-                slice
-                    .iter()
-                    .filter(|(position, subject)| delivers(&matcher, &history, *position, subject))
-                    .map(|(position, _)| *position),
-            );
-        }
-        rescan_position = match slice.last() {
-            Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
-            _ => cursor.rescan_until + 1,
+        let history = match (slice.first(), slice.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => {
+                swap::history(&mut tx, matchers, group, install.position, first, last).await?
+            }
+            _ => History::default(),
         };
+        let (rescanned, next) = rescan_step(&matcher, &history, &slice, batch, cursor.rescan_until);
+        matched.extend(rescanned);
+        rescan_position = next;
         report.rescanned = slice.len() as u64;
         report.rescan_pending = rescan_position <= cursor.rescan_until;
     }

@@ -77,8 +77,8 @@ pub(crate) async fn apply(
     .fetch_all(&mut *conn)
     .await?;
     let (kept, aside) = split_pending(matcher, &pending);
-    let kept = restamp(conn, g, &kept, install.position).await?;
-    let set_aside = set_aside(conn, g, &aside, install.position).await?;
+    let kept = at_positions(conn, RESTAMP, g, &kept, install.position).await?;
+    let set_aside = at_positions(conn, SET_ASIDE, g, &aside, install.position).await?;
     let parked: Vec<(i64, String)> = sqlx::query_as(
         "SELECT s.position, m.subject FROM set_aside s \
          JOIN message m ON m.topic = s.topic AND m.position = s.position \
@@ -87,7 +87,8 @@ pub(crate) async fn apply(
     .bind(g)
     .fetch_all(&mut *conn)
     .await?;
-    let restored = restore(conn, g, &restorable(matcher, &parked), install.position).await?;
+    let restore = restorable(matcher, &parked);
+    let restored = at_positions(conn, RESTORE, g, &restore, install.position).await?;
     let oldest: Option<i64> =
         sqlx::query_scalar("SELECT MIN(position) FROM message WHERE topic = $1")
             .bind(&cursor.topic)
@@ -141,54 +142,34 @@ pub(crate) async fn apply(
     Ok(report)
 }
 
-async fn restamp(
-    conn: &mut PgConnection,
-    group: &str,
-    positions: &[i64],
-    install: i64,
-) -> Result<u64, QueueError> {
-    if positions.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(
-        "UPDATE delivery SET routed_by = $3 WHERE group_name = $1 AND position = ANY($2)",
-    )
-    .bind(group)
-    .bind(positions)
-    .bind(install)
-    .execute(conn)
-    .await?
-    .rows_affected())
-}
+/// Re-stamps kept deliveries with the new install.
+const RESTAMP: &str =
+    "UPDATE delivery SET routed_by = $3 WHERE group_name = $1 AND position = ANY($2)";
 
-async fn set_aside(
-    conn: &mut PgConnection,
-    group: &str,
-    positions: &[i64],
-    install: i64,
-) -> Result<u64, QueueError> {
-    if positions.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(
-        "WITH moved AS (DELETE FROM delivery WHERE group_name = $1 AND position = ANY($2) \
-           RETURNING *) \
-         INSERT INTO set_aside (group_name, topic, position, routed_by, routed_at, attempts, \
-           visible_at, claimed_by, claim_token, last_error, set_aside_by, set_aside_at) \
-         SELECT group_name, topic, position, routed_by, routed_at, attempts, visible_at, \
-           claimed_by, claim_token, last_error, $3, clock_timestamp() FROM moved \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(group)
-    .bind(positions)
-    .bind(install)
-    .execute(conn)
-    .await?
-    .rows_affected())
-}
+/// Moves deliveries the new install does not match to `set_aside`.
+const SET_ASIDE: &str = "\
+    WITH moved AS (DELETE FROM delivery WHERE group_name = $1 AND position = ANY($2) \
+      RETURNING *) \
+    INSERT INTO set_aside (group_name, topic, position, routed_by, routed_at, attempts, \
+      visible_at, claimed_by, claim_token, last_error, set_aside_by, set_aside_at) \
+    SELECT group_name, topic, position, routed_by, routed_at, attempts, visible_at, \
+      claimed_by, claim_token, last_error, $3, clock_timestamp() FROM moved \
+    ON CONFLICT DO NOTHING";
 
-async fn restore(
+/// Moves set-aside deliveries the new install matches back, stamped with it.
+const RESTORE: &str = "\
+    WITH back AS (DELETE FROM set_aside WHERE group_name = $1 AND position = ANY($2) \
+      RETURNING *) \
+    INSERT INTO delivery (group_name, topic, position, routed_by, routed_at, attempts, \
+      visible_at, claimed_by, claim_token, last_error) \
+    SELECT group_name, topic, position, $3, routed_at, attempts, visible_at, claimed_by, \
+      claim_token, last_error FROM back \
+    ON CONFLICT DO NOTHING";
+
+/// Runs one of the statements above for `positions` of `group`; returns the rows it wrote.
+async fn at_positions(
     conn: &mut PgConnection,
+    sql: &'static str,
     group: &str,
     positions: &[i64],
     install: i64,
@@ -196,21 +177,13 @@ async fn restore(
     if positions.is_empty() {
         return Ok(0);
     }
-    Ok(sqlx::query(
-        "WITH back AS (DELETE FROM set_aside WHERE group_name = $1 AND position = ANY($2) \
-           RETURNING *) \
-         INSERT INTO delivery (group_name, topic, position, routed_by, routed_at, attempts, \
-           visible_at, claimed_by, claim_token, last_error) \
-         SELECT group_name, topic, position, $3, routed_at, attempts, visible_at, claimed_by, \
-           claim_token, last_error FROM back \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(group)
-    .bind(positions)
-    .bind(install)
-    .execute(conn)
-    .await?
-    .rows_affected())
+    Ok(sqlx::query(sql)
+        .bind(group)
+        .bind(positions)
+        .bind(install)
+        .execute(conn)
+        .await?
+        .rows_affected())
 }
 
 /// The earlier installs whose ranges overlap `first..=last`, with their compiled sets.

@@ -9,7 +9,9 @@ use wharf_domain::{BindingMatcher, GroupName};
 use wharf_store::SqliteStore;
 
 use crate::error::QueueError;
-use crate::generations::{delivers, rescan_start, restorable, split_pending, Generation, History};
+use crate::generations::{
+    forward_matches, rescan_start, rescan_step, restorable, split_pending, Generation, History,
+};
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport, SwapReport};
 
@@ -72,11 +74,7 @@ fn step(
         i64::MAX,
         batch,
     )?;
-    let mut matched: Vec<i64> = forward
-        .iter()
-        .filter(|(_, subject)| matcher.matches_str(subject))
-        .map(|(position, _)| *position)
-        .collect();
+    let mut matched = forward_matches(&matcher, &forward);
     let mut rescan_position = cursor.rescan_position;
     if cursor.rescan_position <= cursor.rescan_until {
         let slice = read_slice(
@@ -86,19 +84,15 @@ fn step(
             cursor.rescan_until,
             batch,
         )?;
-        if let (Some(&(first, _)), Some(&(last, _))) = (slice.first(), slice.last()) {
-            let history = history(tx, matchers, group, install.position, first, last)?;
-            matched.extend(
-                slice
-                    .iter()
-                    .filter(|(position, subject)| delivers(&matcher, &history, *position, subject))
-                    .map(|(position, _)| *position),
-            );
-        }
-        rescan_position = match slice.last() {
-            Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
-            _ => cursor.rescan_until + 1,
+        let history = match (slice.first(), slice.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => {
+                history(tx, matchers, group, install.position, first, last)?
+            }
+            _ => History::default(),
         };
+        let (rescanned, next) = rescan_step(&matcher, &history, &slice, batch, cursor.rescan_until);
+        matched.extend(rescanned);
+        rescan_position = next;
         report.rescanned = slice.len() as u64;
         report.rescan_pending = rescan_position <= cursor.rescan_until;
     }
