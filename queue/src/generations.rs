@@ -69,25 +69,53 @@ pub(crate) fn forward_matches(current: &BindingMatcher, slice: &[(i64, String)])
         .collect()
 }
 
-/// One rescan step over `slice` (at most `batch` rows of the range up to `until`): the
-/// positions `current` delivers, and the next position to rescan (`until + 1` once done).
-pub(crate) fn rescan_step(
+/// The positions of a rescanned slice that `current` delivers: those it matches and no earlier
+/// install delivered.
+pub(crate) fn rescan_matches(
     current: &BindingMatcher,
     history: &History,
     slice: &[(i64, String)],
-    batch: i64,
-    until: i64,
-) -> (Vec<i64>, i64) {
-    let delivered = slice
+) -> Vec<i64> {
+    slice
         .iter()
         .filter(|(position, subject)| delivers(current, history, *position, subject))
         .map(|(position, _)| *position)
-        .collect();
-    let next = match slice.last() {
-        Some(&(last, _)) if slice.len() as i64 >= batch => last + 1,
-        _ => until + 1,
-    };
-    (delivered, next)
+        .collect()
+}
+
+/// The log ranges (inclusive) one routing step reads: up to `batch` positions forward of the
+/// cursor, up to the committed head, and up to `batch` positions of a pending rescan.
+///
+/// Steps are bounded by position, not by a row count: positions are gapless up to the head
+/// (retention only removes old ones, and the cursor then simply moves past the gap), so a step
+/// reads at most `batch` rows whatever plan the store picks for the range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StepRanges {
+    /// New positions to route.
+    pub forward: Option<(i64, i64)>,
+    /// Older positions to rescan under a new install.
+    pub rescan: Option<(i64, i64)>,
+}
+
+impl StepRanges {
+    pub(crate) fn new(
+        routed: i64,
+        head: i64,
+        rescan_position: i64,
+        rescan_until: i64,
+        batch: i64,
+    ) -> Self {
+        let batch = batch.max(1);
+        Self {
+            forward: (routed < head).then(|| (routed + 1, head.min(routed + batch))),
+            rescan: (rescan_position <= rescan_until).then(|| {
+                (
+                    rescan_position,
+                    rescan_until.min(rescan_position + batch - 1),
+                )
+            }),
+        }
+    }
 }
 
 /// The first position a new install rescans: the oldest message the log still holds, but never
@@ -190,17 +218,30 @@ mod tests {
     }
 
     #[test]
-    fn a_rescan_step_moves_on_by_a_full_batch_and_ends_on_a_short_one() {
-        let current = matcher(&["y/+"]);
-        let history = History::default();
-        let slice = vec![(3, "y/1".to_owned()), (4, "x/1".to_owned())];
-        assert_eq!(rescan_step(&current, &history, &slice, 2, 10), (vec![3], 5));
+    fn a_step_reads_at_most_a_batch_of_positions_each_way() {
+        let both = StepRanges::new(100, 1_000, 10, 100, 50);
+        assert_eq!(both.forward, Some((101, 150)));
+        assert_eq!(both.rescan, Some((10, 59)));
+        let near_the_end = StepRanges::new(100, 120, 90, 100, 50);
         assert_eq!(
-            rescan_step(&current, &history, &slice, 3, 10),
-            (vec![3], 11)
+            near_the_end.forward,
+            Some((101, 120)),
+            "never past the head"
         );
-        assert_eq!(rescan_step(&current, &history, &[], 3, 10), (vec![], 11));
+        assert_eq!(
+            near_the_end.rescan,
+            Some((90, 100)),
+            "never past the rescan's end"
+        );
+        let idle = StepRanges::new(120, 120, 101, 100, 50);
+        assert_eq!((idle.forward, idle.rescan), (None, None));
+        let current = matcher(&["y/+"]);
+        let slice = vec![(3, "y/1".to_owned()), (4, "x/1".to_owned())];
         assert_eq!(forward_matches(&current, &slice), vec![3]);
+        assert_eq!(
+            rescan_matches(&current, &History::default(), &slice),
+            vec![3]
+        );
     }
 
     #[test]

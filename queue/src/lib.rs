@@ -44,6 +44,15 @@ pub struct Queue {
     wakeups: Arc<Wakeups>,
 }
 
+/// The SQL of the hot-path statements whose plans the tests check on a large table with stale
+/// statistics (not an API: the text may change with any release).
+#[doc(hidden)]
+pub mod plans {
+    /// A routing step's read of the log on Postgres (`$1` topic, `$2` first position, `$3`
+    /// rows).
+    pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
+}
+
 /// How many routing steps one `fetch` may take before it claims anyway, so a long unmatched
 /// stretch of the log cannot delay a claim without bound.
 const MAX_ROUTE_STEPS_PER_FETCH: usize = 8;

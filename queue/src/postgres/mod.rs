@@ -10,7 +10,7 @@ mod swap;
 pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
 pub(crate) use publish::publish;
 pub(crate) use retention::retain;
-pub(crate) use route::{effective_install, route};
+pub(crate) use route::{effective_install, route, SLICE as ROUTE_SLICE};
 pub(crate) use stats::{group_stats, swaps, topic_stats};
 
 fn headers_json(value: serde_json::Value) -> crate::message::Headers {

@@ -14,6 +14,8 @@ use crate::message::{EffectiveInstall, SwapReport};
 /// A group's routing state, read under its row lock.
 pub(crate) struct Cursor {
     pub topic: String,
+    /// The topic's committed head when the row was locked.
+    pub head: i64,
     pub routed_position: i64,
     pub routed_install: i64,
     pub start_position: Option<i64>,
@@ -27,10 +29,12 @@ pub(crate) async fn lock_cursor(
     conn: &mut PgConnection,
     group: &GroupName,
 ) -> Result<Option<Cursor>, QueueError> {
-    type Row = (String, i64, i64, Option<i64>, i64, i64);
+    type Row = (String, i64, i64, Option<i64>, i64, i64, i64);
     let row: Option<Row> = sqlx::query_as(
-        "SELECT topic, routed_position, routed_install, start_position, rescan_position, \
-           rescan_until FROM consumer_group WHERE group_name = $1 FOR UPDATE SKIP LOCKED",
+        "SELECT g.topic, g.routed_position, g.routed_install, g.start_position, \
+           g.rescan_position, g.rescan_until, \
+           COALESCE((SELECT t.head FROM topic t WHERE t.name = g.topic), 0) \
+         FROM consumer_group g WHERE g.group_name = $1 FOR UPDATE OF g SKIP LOCKED",
     )
     .bind(group.as_str())
     .fetch_optional(conn)
@@ -42,6 +46,7 @@ pub(crate) async fn lock_cursor(
         start_position: row.3,
         rescan_position: row.4,
         rescan_until: row.5,
+        head: row.6,
     }))
 }
 

@@ -10,7 +10,8 @@ use wharf_store::SqliteStore;
 
 use crate::error::QueueError;
 use crate::generations::{
-    forward_matches, rescan_start, rescan_step, restorable, split_pending, Generation, History,
+    forward_matches, rescan_matches, rescan_start, restorable, split_pending, Generation, History,
+    StepRanges,
 };
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport, SwapReport};
@@ -18,6 +19,7 @@ use crate::message::{EffectiveInstall, RouteReport, SwapReport};
 /// A group's routing state.
 struct Cursor {
     topic: String,
+    head: i64,
     routed_position: i64,
     routed_install: i64,
     start_position: Option<i64>,
@@ -67,34 +69,31 @@ fn step(
     if cursor.routed_install != install.position {
         report.swap = Some(apply(tx, now, group, &mut cursor, &install, &matcher)?);
     }
-    let forward = read_slice(
-        tx,
-        &cursor.topic,
-        cursor.routed_position + 1,
-        i64::MAX,
+    let ranges = StepRanges::new(
+        cursor.routed_position,
+        cursor.head,
+        cursor.rescan_position,
+        cursor.rescan_until,
         batch,
-    )?;
-    let mut matched = forward_matches(&matcher, &forward);
+    );
+    let mut matched = Vec::new();
+    let mut routed_position = cursor.routed_position;
+    if let Some((from, to)) = ranges.forward {
+        let slice = read_range(tx, &cursor.topic, from, to)?;
+        matched = forward_matches(&matcher, &slice);
+        routed_position = to;
+        report.scanned = (to - from + 1) as u64;
+    }
     let mut rescan_position = cursor.rescan_position;
-    if cursor.rescan_position <= cursor.rescan_until {
-        let slice = read_slice(
-            tx,
-            &cursor.topic,
-            cursor.rescan_position,
-            cursor.rescan_until,
-            batch,
-        )?;
-        let history = match (slice.first(), slice.last()) {
-            (Some(&(first, _)), Some(&(last, _))) => {
-                history(tx, matchers, group, install.position, first, last)?
-            }
-            _ => History::default(),
-        };
-        let (rescanned, next) = rescan_step(&matcher, &history, &slice, batch, cursor.rescan_until);
-        matched.extend(rescanned);
-        rescan_position = next;
-        report.rescanned = slice.len() as u64;
-        report.rescan_pending = rescan_position <= cursor.rescan_until;
+    if let Some((from, to)) = ranges.rescan {
+        let slice = read_range(tx, &cursor.topic, from, to)?;
+        if !slice.is_empty() {
+            let history = history(tx, matchers, group, install.position, from, to)?;
+            matched.extend(rescan_matches(&matcher, &history, &slice));
+        }
+        rescan_position = to + 1;
+        report.rescanned = (to - from + 1) as u64;
+        report.rescan_pending = to < cursor.rescan_until;
     }
     let mut insert = tx.prepare_cached(
         "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
@@ -109,33 +108,29 @@ fn step(
             now
         ])?;
     }
-    let routed_position = forward
-        .last()
-        .map_or(cursor.routed_position, |&(last, _)| last);
     tx.prepare_cached(
         "UPDATE consumer_group SET routed_position = ?2, rescan_position = ?3 WHERE group_name = ?1",
     )?
     .execute(params![group.as_str(), routed_position, rescan_position])?;
-    report.scanned = forward.len() as u64;
     report.routed = matched.len() as u64;
     report.position = routed_position;
     Ok(report)
 }
 
-/// Up to `batch` log rows of `topic` in `from..=until`, in position order.
-fn read_slice(
+/// The log rows of `topic` in `from..=until` (at most a batch of positions), in position order
+/// (bounded by position, as on Postgres).
+fn read_range(
     tx: &Transaction<'_>,
     topic: &str,
     from: i64,
     until: i64,
-    batch: i64,
 ) -> Result<Vec<(i64, String)>, QueueError> {
     Ok(tx
         .prepare_cached(
             "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
-               AND position <= ?3 ORDER BY position LIMIT ?4",
+               AND position <= ?3 ORDER BY position",
         )?
-        .query_map(params![topic, from, until, batch], |row| {
+        .query_map(params![topic, from, until], |row| {
             Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
         })?
         .collect::<Result<Vec<_>, _>>()?)
@@ -144,11 +139,14 @@ fn read_slice(
 fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>, QueueError> {
     Ok(tx
         .prepare_cached(
-            "SELECT topic, routed_position, routed_install, start_position, rescan_position, \
-               rescan_until FROM consumer_group WHERE group_name = ?1",
+            "SELECT g.topic, g.routed_position, g.routed_install, g.start_position, \
+               g.rescan_position, g.rescan_until, \
+               COALESCE((SELECT t.head FROM topic t WHERE t.name = g.topic), 0) \
+             FROM consumer_group g WHERE g.group_name = ?1",
         )?
         .query_row([group.as_str()], |row| {
             Ok(Cursor {
+                head: row.get(6)?,
                 topic: row.get(0)?,
                 routed_position: row.get(1)?,
                 routed_install: row.get(2)?,
