@@ -130,10 +130,20 @@ impl Queue {
 
     /// Routes one batch of the log for `group`.
     pub async fn route(&self, group: &GroupName) -> Result<RouteReport, QueueError> {
+        self.route_fenced(group, None).await
+    }
+
+    /// One routing step; with a fence, fails with [`QueueError::Fenced`] (routing nothing)
+    /// when the group's install is not the fenced one. The check rides on the step's own reads.
+    async fn route_fenced(
+        &self,
+        group: &GroupName,
+        fence: Option<i64>,
+    ) -> Result<RouteReport, QueueError> {
         let batch = self.settings.route_batch;
         match &self.store {
-            Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch).await,
-            Store::Postgres(s) => postgres::route(s, &self.matchers, group, batch).await,
+            Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch, fence).await,
+            Store::Postgres(s) => postgres::route(s, &self.matchers, group, batch, fence).await,
         }
     }
 
@@ -230,24 +240,14 @@ impl Queue {
         if wanted == 0 {
             return Ok(claimed);
         }
-        if let Some(joined) = fence {
-            // A short claim may be short because the install moved on: say so rather than
-            // route for a set this instance no longer holds.
-            let current = self.effective_install(group).await?.map(|i| i.position);
-            if current != Some(joined) {
-                if claimed.is_empty() {
-                    return Err(QueueError::Fenced {
-                        group: group.to_string(),
-                        joined,
-                        current,
-                    });
-                }
-                return Ok(claimed);
-            }
-        }
         let (mut routed, mut busy) = (0u64, false);
         for _ in 0..MAX_ROUTE_STEPS_PER_FETCH {
-            let report = self.route(group).await?;
+            // A short claim may be short because the install moved on: the fenced step says
+            // so rather than route for a set this instance no longer holds.
+            let report = match self.route_fenced(group, fence).await {
+                Err(QueueError::Fenced { .. }) if !claimed.is_empty() => return Ok(claimed),
+                other => other?,
+            };
             routed += report.routed;
             busy = report.busy;
             if !report.more(self.settings.route_batch) {

@@ -21,14 +21,15 @@ pub(crate) async fn route(
     matchers: &Matchers,
     group: &GroupName,
     batch: i64,
+    fence: Option<i64>,
 ) -> Result<RouteReport, QueueError> {
     // An unlocked look first: a caught-up group whose routing is aligned with its install (the
     // idle case) costs one read, not a locked transaction. A missing group falls through to the
     // locked path, which reports it.
-    let position: Option<(i64, i64, bool)> = sqlx::query_as(
+    let position: Option<(i64, i64, bool, Option<i64>)> = sqlx::query_as(
         "SELECT g.routed_position, COALESCE(t.head, 0), \
            g.routed_install = COALESCE(e.position, g.routed_install) \
-           AND g.rescan_position > g.rescan_until \
+           AND g.rescan_position > g.rescan_until, e.position \
          FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
          LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
          WHERE g.group_name = $1",
@@ -36,7 +37,8 @@ pub(crate) async fn route(
     .bind(group.as_str())
     .fetch_optional(store.pool())
     .await?;
-    if let Some((routed, head, settled)) = position {
+    if let Some((routed, head, settled, install)) = position {
+        QueueError::check_fence(group.as_str(), fence, install)?;
         if settled && routed >= head {
             return Ok(RouteReport {
                 position: routed,
@@ -53,6 +55,7 @@ pub(crate) async fn route(
     let Some(install) = read_install(&mut tx, group).await? else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
+    QueueError::check_fence(group.as_str(), fence, Some(install.position))?;
     let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
     let mut report = RouteReport::default();
     if cursor.routed_install != install.position {

@@ -33,8 +33,9 @@ pub(crate) async fn route(
     matchers: Arc<Matchers>,
     group: &GroupName,
     batch: i64,
+    fence: Option<i64>,
 ) -> Result<RouteReport, QueueError> {
-    if let Some(position) = caught_up(store, group).await? {
+    if let Some(position) = caught_up(store, group, fence).await? {
         return Ok(RouteReport {
             position,
             ..RouteReport::default()
@@ -43,7 +44,14 @@ pub(crate) async fn route(
     let group = group.clone();
     store
         .write_or_rollback(move |ctx| {
-            let routed = step(ctx.tx, ctx.now.timestamp_micros(), &matchers, &group, batch);
+            let routed = step(
+                ctx.tx,
+                ctx.now.timestamp_micros(),
+                &matchers,
+                &group,
+                batch,
+                fence,
+            );
             let commit = routed.is_ok();
             Ok((routed, commit))
         })
@@ -57,6 +65,7 @@ fn step(
     matchers: &Matchers,
     group: &GroupName,
     batch: i64,
+    fence: Option<i64>,
 ) -> Result<RouteReport, QueueError> {
     let Some(mut cursor) = read_cursor(tx, group)? else {
         return Err(QueueError::UnknownGroup(group.to_string()));
@@ -64,6 +73,7 @@ fn step(
     let Some(install) = read_install(tx, group)? else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
+    QueueError::check_fence(group.as_str(), fence, Some(install.position))?;
     let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
     let mut report = RouteReport::default();
     if cursor.routed_install != install.position {
@@ -339,28 +349,36 @@ fn history(
 }
 
 /// A reader-side look: the cursor when the group is caught up, aligned with its install and
-/// done rescanning, so an idle poll takes no write transaction.
-async fn caught_up(store: &SqliteStore, group: &GroupName) -> Result<Option<i64>, QueueError> {
-    let group = group.clone();
-    Ok(store
+/// done rescanning, so an idle poll takes no write transaction; with a fence, `Fenced` when the
+/// install is not the fenced one.
+async fn caught_up(
+    store: &SqliteStore,
+    group: &GroupName,
+    fence: Option<i64>,
+) -> Result<Option<i64>, QueueError> {
+    let name = group.clone();
+    let row: Option<(i64, i64, bool, Option<i64>)> = store
         .read(move |conn| {
-            let row: Option<(i64, i64, bool)> = conn
+            Ok(conn
                 .prepare_cached(
                     "SELECT g.routed_position, COALESCE(t.head, 0), \
                        g.routed_install = COALESCE(e.position, g.routed_install) \
-                       AND g.rescan_position > g.rescan_until \
+                       AND g.rescan_position > g.rescan_until, e.position \
                      FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
                      LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
                      WHERE g.group_name = ?1",
                 )?
-                .query_row([group.as_str()], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                .query_row([name.as_str()], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
                 })
-                .optional()?;
-            Ok(row
-                .and_then(|(routed, head, aligned)| (aligned && routed >= head).then_some(routed)))
+                .optional()?)
         })
-        .await?)
+        .await?;
+    let Some((routed, head, aligned, install)) = row else {
+        return Ok(None);
+    };
+    QueueError::check_fence(group.as_str(), fence, install)?;
+    Ok((aligned && routed >= head).then_some(routed))
 }
 
 /// The install in effect for `group`.
