@@ -300,7 +300,12 @@ fn apply(
     )?;
     tracing::info!(
         group = g,
-        ?report,
+        install = report.install,
+        kept = report.kept,
+        set_aside = report.set_aside,
+        restored = report.restored,
+        rescan_from = report.rescan_from,
+        rescan_until = report.rescan_until,
         "applied the group's new install to its routing"
     );
     cursor.start_position = Some(start);
