@@ -9,7 +9,6 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::init_tracing(args.global.verbose);
     match cli::run(args).await {
         Ok(code) => code,
         Err(e) => {

@@ -2,6 +2,7 @@
 
 mod audit;
 mod dead_letters;
+mod logging;
 mod maintenance;
 mod serve;
 
@@ -30,7 +31,8 @@ pub struct GlobalArgs {
     /// The store URL, overriding the configuration: sqlite://PATH or postgres://...
     #[arg(long, global = true)]
     pub store_url: Option<String>,
-    /// More log output: -v for debug, -vv for trace.
+    /// More log output: -v for debug, -vv for trace (replacing log.filter; RUST_LOG, when set,
+    /// replaces both).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
@@ -87,22 +89,6 @@ pub enum ConfigCommand {
     Default,
 }
 
-/// Sets up logging: info by default, raised by -v, overridden by RUST_LOG.
-pub fn init_tracing(verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// Loads the file and the environment; `--store-url` counts as the last environment override,
 /// so it is validated like every other value.
 fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
@@ -124,6 +110,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config = load_config(&cli.global)?;
+    logging::init(cli.global.verbose, &config.log, false)?;
     match cli.command {
         Command::Serve => serve::run(config).await,
         Command::Migrate => maintenance::migrate(&config).await,
