@@ -4,7 +4,10 @@ mod audit;
 mod dead_letters;
 mod logging;
 mod maintenance;
+mod publish;
 mod serve;
+mod signals;
+mod tail;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -62,6 +65,11 @@ pub enum Command {
         #[command(subcommand)]
         command: dead_letters::DeadLettersCommand,
     },
+    /// Publish one message to a topic and print its position.
+    Publish(publish::PublishArgs),
+    /// Consume a group in the terminal: declare its set, wait visibly behind a live different
+    /// set, then print each message and ack it (--no-ack: peek).
+    Tail(tail::TailArgs),
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -100,6 +108,14 @@ fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
     Ok(Config::load(global.config.as_deref(), env)?)
 }
 
+impl Command {
+    /// The terminal tools run on one thread: light, and a `tail --no-ack` holding several
+    /// messages prints them in claim order (tasks start in the order they are spawned).
+    pub fn runs_on_one_thread(&self) -> bool {
+        matches!(self, Self::Publish(_) | Self::Tail(_))
+    }
+}
+
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Config {
@@ -110,7 +126,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config = load_config(&cli.global)?;
-    logging::init(cli.global.verbose, &config.log, false)?;
+    let own_consumer_lines = matches!(cli.command, Command::Tail(_));
+    logging::init(cli.global.verbose, &config.log, own_consumer_lines)?;
     match cli.command {
         Command::Serve => serve::run(config).await,
         Command::Migrate => maintenance::migrate(&config).await,
@@ -126,6 +143,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => audit::swaps(&config, args).await,
         Command::Groups(args) => audit::groups(&config, args).await,
         Command::DeadLetters { command } => dead_letters::run(&config, command).await,
+        Command::Publish(args) => publish::run(&config, args).await,
+        Command::Tail(args) => tail::run(config, args).await,
         Command::Config { .. } => Ok(ExitCode::SUCCESS),
     }
 }
