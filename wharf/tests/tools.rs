@@ -177,6 +177,52 @@ async fn tail_waits_behind_a_live_divergent_set(backend: Backend) {
 
 on_both_backends!(tail_waits_behind_a_live_divergent_set);
 
+/// Starts a tail and returns it with its instance identity, once it consumes.
+async fn consuming_tail(store: &TestStore, name: &str, args: &[&str]) -> (Running, String) {
+    let mut running = tail(store, name, args);
+    let declared = running.expect_err("as instance ").await;
+    let id = declared.rsplit("as instance ").next().unwrap().trim();
+    let id = id.to_owned();
+    running.expect_err("consuming group").await;
+    (running, id)
+}
+
+/// The waiting line is said once per change of the incumbent's live declarers, not per retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiting_line_is_said_again_when_the_live_declarers_change() {
+    let store = TestStore::migrated(Backend::Sqlite).await.unwrap();
+    let paid = ["--group", "g", "--pattern", "orders/+/paid"];
+    let (mut first, first_id) = consuming_tail(&store, "first", &paid).await;
+    let mut all = tail(&store, "all", &["--group", "g", "--pattern", "orders/#"]);
+    let waiting = all.expect_err("WAITING").await;
+    assert!(waiting.contains(&first_id), "{waiting}");
+
+    let (mut second, second_id) = consuming_tail(&store, "second", &paid).await;
+    let both = all.expect_err("WAITING").await;
+    assert!(
+        both.contains(&first_id) && both.contains(&second_id),
+        "{both}"
+    );
+
+    assert_eq!(first.terminate().await, Some(0), "{}", first.transcript());
+    let one = all.expect_err("WAITING").await;
+    assert!(
+        one.contains(&second_id) && !one.contains(&first_id),
+        "{one}"
+    );
+    assert_eq!(second.terminate().await, Some(0), "{}", second.transcript());
+    all.expect_err("consuming group g with {orders/#}").await;
+    assert_eq!(all.terminate().await, Some(0), "{}", all.transcript());
+    let said = all.lines_of(false);
+    let waits = said.iter().filter(|l| l.contains("WAITING")).count();
+    assert_eq!(
+        waits,
+        3,
+        "one line per change, not per retry:\n{}",
+        all.transcript()
+    );
+}
+
 fn parse(line: &str) -> Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
 }
