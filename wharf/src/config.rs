@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::WharfError;
 
+mod log;
+
+pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
@@ -25,6 +29,8 @@ pub struct Config {
     pub prune: PruneConfig,
     /// The message log: claims, retries, the consumer runtime and log retention.
     pub queue: QueueConfig,
+    /// How the `wharf` binary logs (the library installs no subscriber).
+    pub log: LogConfig,
 }
 
 /// Where the ledger lives.
@@ -422,6 +428,7 @@ impl Config {
             )));
         }
         self.queue.validate()?;
+        self.log.validate()?;
         wharf_store::StoreLocation::parse(&self.store.url)
             .map_err(|e| WharfError::Config(format!("store.url: {e}")))?;
         Ok(())

@@ -1,4 +1,5 @@
-//! The `wharf` command: serve the listing API, migrate, rebuild projections, prune, audit.
+//! The `wharf` command: serve the listing API, migrate, rebuild projections, prune, audit,
+//! publish and tail.
 
 mod cli;
 
@@ -6,11 +7,21 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::init_tracing(args.global.verbose);
-    match cli::run(args).await {
+    let mut builder = if args.command.runs_on_one_thread() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -2,8 +2,12 @@
 
 mod audit;
 mod dead_letters;
+mod logging;
 mod maintenance;
+mod publish;
 mod serve;
+mod signals;
+mod tail;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +34,8 @@ pub struct GlobalArgs {
     /// The store URL, overriding the configuration: sqlite://PATH or postgres://...
     #[arg(long, global = true)]
     pub store_url: Option<String>,
-    /// More log output: -v for debug, -vv for trace.
+    /// More log output: -v for debug, -vv for trace (replacing log.filter; RUST_LOG, when set,
+    /// replaces both).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 }
@@ -60,6 +65,11 @@ pub enum Command {
         #[command(subcommand)]
         command: dead_letters::DeadLettersCommand,
     },
+    /// Publish one message to a topic and print its position.
+    Publish(publish::PublishArgs),
+    /// Consume a group in the terminal: declare its set, wait visibly behind a live different
+    /// set, then print each message and ack it (--no-ack: peek).
+    Tail(tail::TailArgs),
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -87,22 +97,6 @@ pub enum ConfigCommand {
     Default,
 }
 
-/// Sets up logging: info by default, raised by -v, overridden by RUST_LOG.
-pub fn init_tracing(verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// Loads the file and the environment; `--store-url` counts as the last environment override,
 /// so it is validated like every other value.
 fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
@@ -112,6 +106,14 @@ fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
         .map(|url| ("WHARF_STORE__URL".to_owned(), url));
     let env = std::env::vars().chain(flag);
     Ok(Config::load(global.config.as_deref(), env)?)
+}
+
+impl Command {
+    /// The terminal tools run on one thread: light, and a `tail --no-ack` holding several
+    /// messages prints them in claim order (tasks start in the order they are spawned).
+    pub fn runs_on_one_thread(&self) -> bool {
+        matches!(self, Self::Publish(_) | Self::Tail(_))
+    }
 }
 
 /// Runs the parsed command.
@@ -124,6 +126,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let config = load_config(&cli.global)?;
+    let own_consumer_lines = matches!(cli.command, Command::Tail(_));
+    logging::init(cli.global.verbose, &config.log, own_consumer_lines)?;
     match cli.command {
         Command::Serve => serve::run(config).await,
         Command::Migrate => maintenance::migrate(&config).await,
@@ -139,6 +143,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => audit::swaps(&config, args).await,
         Command::Groups(args) => audit::groups(&config, args).await,
         Command::DeadLetters { command } => dead_letters::run(&config, command).await,
+        Command::Publish(args) => publish::run(&config, args).await,
+        Command::Tail(args) => tail::run(config, args).await,
         Command::Config { .. } => Ok(ExitCode::SUCCESS),
     }
 }

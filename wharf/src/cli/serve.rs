@@ -11,6 +11,8 @@ use wharf::store::sqlite::{quick_check, QuickCheck};
 use wharf::store::StoreLocation;
 use wharf::{Config, Wharf};
 
+use super::signals::shutdown_signal;
+
 /// How often the catch-up projectors poll the log when idle.
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 
@@ -124,29 +126,5 @@ async fn prune_loop(wharf: Wharf, config: Config, mut stop: watch::Receiver<bool
                 error!(error = %e, "message log retention failed; next run at the next interval")
             }
         }
-    }
-}
-
-/// Registers SIGINT and SIGTERM now; the returned future completes when either arrives.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM")?;
-        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT")?;
-        Ok(async move {
-            tokio::select! {
-                _ = terminate.recv() => {},
-                _ = interrupt.recv() => {},
-            }
-            info!("shutdown requested");
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-            info!("shutdown requested");
-        })
     }
 }
