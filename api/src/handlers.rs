@@ -8,9 +8,11 @@ use axum::routing::{get, MethodRouter};
 use axum::Json;
 use serde_json::json;
 use wharf_domain::GroupName;
+use wharf_metrics::ScrapeCollector;
 use wharf_projections::{GroupView, HistoryPage};
 
 use crate::error::ApiError;
+use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 use crate::openapi::OPENAPI_JSON;
 use crate::params;
 use crate::state::{ApiState, HealthStatus};
@@ -34,6 +36,8 @@ pub const OPENAPI_PATH: &str = "/api/v1/openapi.json";
 pub const HEALTHZ_PATH: &str = "/healthz";
 /// `GET`: readiness.
 pub const READYZ_PATH: &str = "/readyz";
+/// `GET`: Prometheus metrics (text exposition format 0.0.4).
+pub const METRICS_PATH: &str = "/metrics";
 
 /// Every route: its path and what answers it. The router is built from this table, and the
 /// OpenAPI test checks the document against it.
@@ -48,6 +52,7 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (OPENAPI_PATH, get(openapi)),
         (HEALTHZ_PATH, get(healthz)),
         (READYZ_PATH, get(readyz)),
+        (METRICS_PATH, get(metrics)),
     ]
 }
 
@@ -199,6 +204,22 @@ async fn readyz(State(state): State<ApiState>) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+/// The process's counters and the store's figures, read now (ADR 0021). Always 200: a store
+/// that fails or does not answer within the scrape timeout shows as `wharf_store_up 0`.
+async fn metrics(State(state): State<ApiState>) -> Response {
+    let store = StoreCollector::new(
+        state.read_model().clone(),
+        state.queue().clone(),
+        state.metrics().clone(),
+    );
+    let collectors: [&dyn ScrapeCollector; 1] = [&store];
+    let text = state
+        .metrics()
+        .render(&collectors, state.scrape_timeout_value())
+        .await;
+    ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
 }
 
 /// Answers any path no route matches.

@@ -11,17 +11,21 @@
 //! | `GET /api/v1/groups/{group}/dead-letters` | a `DeadLetterPage`, paged by position |
 //! | `GET /api/v1/openapi.json` | the OpenAPI 3.1 document |
 //! | `GET /healthz` | liveness: always `{"status":"pass"}` |
+//! | `GET /api/v1/groups/{group}/swaps` | a `SwapList`: what each install's swap did, newest first |
 //! | `GET /readyz` | readiness (`application/health+json`): the store can serve the listing |
+//! | `GET /metrics` | Prometheus text format 0.0.4: process counters and store figures (ADR 0021) |
 //!
 //! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
 //!
 //! Architecture invariant: this crate only reads. It calls [`wharf_projections::ReadModel`]
 //! and the listing reads of [`wharf_queue::Queue`] (`topic_stats`, `group_stats`,
-//! `dead_letters`), and nothing that decides, appends, routes or claims.
+//! `dead_letters`, `swaps`), and nothing that decides, appends, routes or claims; `/metrics`
+//! reads the same, and `/healthz` reads nothing.
 
 pub mod error;
 mod handlers;
+pub mod metrics;
 pub mod openapi;
 pub mod params;
 mod server;
@@ -37,9 +41,10 @@ use tracing::Level;
 
 pub use error::ApiError;
 pub use handlers::{
-    DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, OPENAPI_PATH,
-    READYZ_PATH, TOPICS_PATH,
+    DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, METRICS_PATH,
+    OPENAPI_PATH, READYZ_PATH, SWAPS_PATH, TOPICS_PATH,
 };
+pub use metrics::{Metrics, StoreCollector};
 pub use server::{bounded_router, serve_with, HttpLimits};
 pub use state::{
     ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,

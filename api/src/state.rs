@@ -1,4 +1,5 @@
-//! What every handler shares: the read model, the message queue and the readiness probe.
+//! What every handler shares: the read model, the message queue, the readiness probe and the
+//! metrics.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +9,8 @@ use std::time::Duration;
 use wharf_projections::ReadModel;
 use wharf_queue::{Queue, QueueSettings};
 use wharf_store::Store;
+
+use crate::metrics::{Metrics, DEFAULT_SCRAPE_TIMEOUT};
 
 /// The future a readiness probe returns: `Ok(())` when ready, else the reason it is not.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -176,6 +179,8 @@ pub struct ApiState {
     queue: Queue,
     readiness: Arc<dyn ReadinessProbe>,
     ready_timeout: Duration,
+    metrics: Metrics,
+    scrape_timeout: Duration,
 }
 
 impl ApiState {
@@ -198,7 +203,34 @@ impl ApiState {
             queue,
             readiness: Arc::new(probe),
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            metrics: Metrics::new(),
+            scrape_timeout: DEFAULT_SCRAPE_TIMEOUT,
         }
+    }
+
+    /// Serves `metrics` at `GET /metrics` (by default a fresh [`Metrics`] of its own, which
+    /// shows the store's figures but none of the process's counters): pass the application's
+    /// (`Wharf::metrics`) so its consumers', publishers' and pruner's counters are served too.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// Replaces how long a `/metrics` scrape waits for the store's figures (default
+    /// [`DEFAULT_SCRAPE_TIMEOUT`]); past it `wharf_store_up` is 0 and the rest is served.
+    pub fn scrape_timeout(mut self, timeout: Duration) -> Self {
+        self.scrape_timeout = timeout;
+        self
+    }
+
+    /// The metrics `/metrics` serves.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// How long a scrape waits for the store.
+    pub fn scrape_timeout_value(&self) -> Duration {
+        self.scrape_timeout
     }
 
     /// Replaces how long `/readyz` waits for the probe (default [`DEFAULT_READY_TIMEOUT`]).

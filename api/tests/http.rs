@@ -906,6 +906,7 @@ async fn probes_and_docs(store: Store) {
         wharf_api::OPENAPI_PATH,
         wharf_api::HEALTHZ_PATH,
         wharf_api::READYZ_PATH,
+        wharf_api::METRICS_PATH,
     ] {
         assert!(
             doc["paths"][path]["get"].is_object(),

@@ -51,6 +51,15 @@ fn pg_catch_up() -> Vec<Arc<dyn PgProjector>> {
     vec![Arc::new(DeclarerAttempts)]
 }
 
+/// How far one catch-up projector is behind the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProjectionLag {
+    /// The projector's name (its checkpoint key).
+    pub projector: &'static str,
+    /// Events in the log after its checkpoint.
+    pub behind: i64,
+}
+
 /// The read model over a store: listing, audit, catch-up, rebuild, prune.
 #[derive(Clone)]
 pub struct ReadModel {
@@ -73,6 +82,14 @@ impl ReadModel {
         &self.store
     }
 
+    /// The instance TTL: instances (and waiters) whose newest heartbeat (attempt) is older are
+    /// not live.
+    pub fn instance_ttl(&self) -> std::time::Duration {
+        self.instance_ttl
+            .to_std()
+            .unwrap_or(std::time::Duration::MAX)
+    }
+
     /// Applies every event the catch-up projectors have not seen; returns how many.
     pub async fn catch_up(&self) -> Result<u64, StoreError> {
         let mut applied = 0;
@@ -89,6 +106,52 @@ impl ReadModel {
             }
         }
         Ok(applied)
+    }
+
+    /// How far each catch-up projector is behind the log: the events it has not applied yet.
+    ///
+    /// One indexed count per projector (events after its checkpoint), so it is cheap while the
+    /// projector keeps up. It does not catch up: read after [`catch_up`](Self::catch_up) (or a
+    /// listing, which catches up first), a value above zero means the projector cannot keep up
+    /// or fails.
+    pub async fn projection_lag(&self) -> Result<Vec<ProjectionLag>, StoreError> {
+        const SQLITE_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
+               (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0)";
+        const PG_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
+               (SELECT position FROM projection_checkpoint WHERE projector = $1), 0)";
+        let mut lags = Vec::new();
+        match &self.store {
+            Store::Sqlite(s) => {
+                for projector in sqlite_catch_up() {
+                    let name = projector.name();
+                    let behind = s
+                        .read(move |conn| {
+                            Ok(conn
+                                .prepare_cached(SQLITE_BEHIND)?
+                                .query_row([name], |row| row.get::<_, i64>(0))?)
+                        })
+                        .await?;
+                    lags.push(ProjectionLag {
+                        projector: name,
+                        behind,
+                    });
+                }
+            }
+            Store::Postgres(s) => {
+                for projector in pg_catch_up() {
+                    let name = projector.name();
+                    let behind: i64 = sqlx::query_scalar(PG_BEHIND)
+                        .bind(name)
+                        .fetch_one(s.pool())
+                        .await?;
+                    lags.push(ProjectionLag {
+                        projector: name,
+                        behind,
+                    });
+                }
+            }
+        }
+        Ok(lags)
     }
 
     /// Every declared group with its effective set, open waiters and instances. Catches up

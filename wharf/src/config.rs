@@ -124,6 +124,10 @@ pub struct HttpConfig {
     pub max_connections: u32,
     /// The most requests handled at once; further ones wait (within `request_timeout`).
     pub max_concurrent_requests: u32,
+    /// How long a `/metrics` scrape waits for the store's figures; past it `wharf_store_up` is
+    /// 0 and the process counters are served without them. Below `request_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub metrics_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -136,6 +140,7 @@ impl Default for HttpConfig {
             max_body_bytes: 64 * 1024,
             max_connections: 1024,
             max_concurrent_requests: 256,
+            metrics_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -159,6 +164,7 @@ impl HttpConfig {
             ("header_read_timeout", self.header_read_timeout),
             ("request_timeout", self.request_timeout),
             ("idle_timeout", self.idle_timeout),
+            ("metrics_timeout", self.metrics_timeout),
         ] {
             if value < Duration::from_millis(10) || value > hour {
                 return Err(WharfError::Config(format!(
@@ -166,6 +172,14 @@ impl HttpConfig {
                     humantime::format_duration(value)
                 )));
             }
+        }
+        if self.metrics_timeout >= self.request_timeout {
+            return Err(WharfError::Config(format!(
+                "http.metrics_timeout ({}) must be below http.request_timeout ({}): a scrape \
+                 answers within the request timeout",
+                humantime::format_duration(self.metrics_timeout),
+                humantime::format_duration(self.request_timeout)
+            )));
         }
         if !(1..=16 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(WharfError::Config(format!(
@@ -645,6 +659,12 @@ mod tests {
                 "WHARF_HTTP__MAX_CONCURRENT_REQUESTS",
                 "0",
                 "http.max_concurrent_requests",
+            ),
+            ("WHARF_HTTP__METRICS_TIMEOUT", "0s", "http.metrics_timeout"),
+            (
+                "WHARF_HTTP__METRICS_TIMEOUT",
+                "40s",
+                "http.metrics_timeout (40s) must be below http.request_timeout (30s)",
             ),
         ] {
             let err = Config::load(None, env(&[(name, value)])).unwrap_err();

@@ -69,6 +69,8 @@ pub use error::WharfError;
 pub use handler::{handler_fn, Handler, HandlerError};
 pub use runtime::ConsumerStats;
 pub use wharf_domain as domain;
+pub use wharf_metrics as metrics;
+pub use wharf_metrics::Metrics;
 pub use wharf_projections as projections;
 pub use wharf_queue as queue;
 pub use wharf_store as store;
@@ -86,6 +88,7 @@ pub struct Wharf {
     instances: declarer::InstanceCounter,
     states: declare::GroupStates,
     listener: Arc<publish_listener::PublishListener>,
+    metrics: Metrics,
 }
 
 impl Wharf {
@@ -137,7 +140,23 @@ impl Wharf {
             ),
             states: declare::GroupStates::default(),
             listener: Arc::default(),
+            metrics: Metrics::new(),
         }
+    }
+
+    /// The same Wharf counting into `metrics` (for instance one shared by several `Wharf`s of
+    /// one process, or one the application registers its own families on). Consumers started
+    /// afterwards count there.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    /// This Wharf's Prometheus metrics: what its consumers, publishes, pruner and retention
+    /// did. Serve them with the listing API (`ApiState::with_metrics`), which adds the store's
+    /// figures at scrape time (ADR 0021).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The same Wharf acting as another declarer (tests that simulate several processes): its
@@ -185,7 +204,22 @@ impl Wharf {
     ) -> Result<Vec<i64>, WharfError> {
         let topic = TopicName::parse("topic", topic)?;
         let messages = wharf_queue::validate_batch(messages)?;
-        Ok(self.queue.publish(&topic, &messages).await?)
+        match self.queue.publish(&topic, &messages).await {
+            Ok(positions) => {
+                self.metrics
+                    .publish()
+                    .published(topic.as_str(), positions.len() as u64);
+                Ok(positions)
+            }
+            Err(e) => {
+                if matches!(e, wharf_queue::QueueError::Store(_)) {
+                    self.metrics
+                        .store_errors()
+                        .inc(wharf_metrics::StoreOperation::Publish);
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// One retention pass over the message log with the configured `queue.retention` and
@@ -194,14 +228,51 @@ impl Wharf {
     /// Refused on a store migrated by a newer build.
     pub async fn retain_messages(&self) -> Result<RetentionReport, WharfError> {
         self.store.ensure_not_newer("message log retention").await?;
-        Ok(self
+        let report = self
             .queue
             .retain(
                 self.queue_config.retention,
                 self.settings.instance_ttl,
                 self.queue_config.retention_batch,
             )
-            .await?)
+            .await;
+        match report {
+            Ok(report) => {
+                self.metrics.maintenance().retained(
+                    report.messages,
+                    report.orphaned_deliveries,
+                    report.set_aside_dropped,
+                );
+                Ok(report)
+            }
+            Err(e) => {
+                self.metrics
+                    .store_errors()
+                    .inc(wharf_metrics::StoreOperation::Retention);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Runs the deferred pruner of the declaration ledger once (superseded waiting attempts
+    /// older than `options.retention`), counting what it deleted in [`Wharf::metrics`].
+    /// Refused on a store migrated by a newer build.
+    pub async fn prune_declarations(
+        &self,
+        options: wharf_projections::PruneOptions,
+    ) -> Result<wharf_projections::PruneReport, WharfError> {
+        match self.read.prune(options).await {
+            Ok(report) => {
+                self.metrics.maintenance().pruned(report.deleted);
+                Ok(report)
+            }
+            Err(e) => {
+                self.metrics
+                    .store_errors()
+                    .inc(wharf_metrics::StoreOperation::Prune);
+                Err(e.into())
+            }
+        }
     }
 
     /// Attempts the declaration once and returns the outcome: joined, installed, or waiting
@@ -259,6 +330,11 @@ impl Wharf {
             config: self.queue_config.clone(),
             call_deadline: self.settings.call_deadline(),
             counters: Arc::default(),
+            metrics: runtime::RuntimeMetrics::new(
+                &self.metrics,
+                lifecycle.registration.group.as_str(),
+                lifecycle.registration.topic.as_str(),
+            ),
         };
         consumer::start(lifecycle, Some(runtime))
     }

@@ -37,6 +37,8 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::{GroupName, TopicName};
+use wharf_metrics::prometheus::IntCounter;
+use wharf_metrics::StoreOperation;
 use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue, QueueError};
 use wharf_store::Store;
 
@@ -88,6 +90,28 @@ impl Counters {
     }
 }
 
+/// The consumer's Prometheus series, resolved once when it starts: each count on the claim and
+/// settle path is one atomic increment (no label lookup, no lock).
+#[derive(Clone)]
+pub(crate) struct RuntimeMetrics {
+    group: wharf_metrics::GroupCounters,
+    fetch_errors: IntCounter,
+    ack_errors: IntCounter,
+    nack_errors: IntCounter,
+}
+
+impl RuntimeMetrics {
+    pub(crate) fn new(metrics: &wharf_metrics::Metrics, group: &str, topic: &str) -> Self {
+        let errors = metrics.store_errors();
+        Self {
+            group: metrics.consumers().for_group(group, topic),
+            fetch_errors: errors.counter(StoreOperation::Fetch),
+            ack_errors: errors.counter(StoreOperation::Ack),
+            nack_errors: errors.counter(StoreOperation::Nack),
+        }
+    }
+}
+
 /// A handler slot held by one running message: frees the slot and the in-flight count when its
 /// handler returns or its task ends, however it ends (an abort included).
 struct Slot {
@@ -117,6 +141,7 @@ struct Settle {
     queue: Queue,
     acker: Acker,
     counters: Arc<Counters>,
+    metrics: RuntimeMetrics,
     keep: KeepPolicy,
 }
 
@@ -133,6 +158,7 @@ pub(crate) struct Runtime {
     /// The deadline of one fetch.
     pub call_deadline: Duration,
     pub counters: Arc<Counters>,
+    pub metrics: RuntimeMetrics,
 }
 
 impl Runtime {
@@ -156,6 +182,7 @@ impl Runtime {
             queue: self.queue.clone(),
             acker,
             counters: self.counters.clone(),
+            metrics: self.metrics.clone(),
             keep: KeepPolicy {
                 visibility_timeout: self.config.visibility_timeout,
                 max_hold: self.config.max_claim_hold,
@@ -195,6 +222,7 @@ impl Runtime {
             match fetched {
                 Ok(Ok(messages)) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
+                    self.metrics.group.claimed(messages.len() as u64);
                     for (message, permit) in messages.into_iter().zip(permits) {
                         self.spawn(&mut tasks, &settle, message, permit);
                     }
@@ -224,12 +252,14 @@ impl Runtime {
                 }
                 Ok(Err(e)) => {
                     drop(permits);
+                    self.metrics.fetch_errors.inc();
                     warn!(error = %e, "fetching messages failed; retrying after the poll interval");
                     let pause = tokio::time::sleep(self.config.poll_interval);
                     interruptible(pause, &mut stop, &mut state).await;
                 }
                 Err(_) => {
                     drop(permits);
+                    self.metrics.fetch_errors.inc();
                     warn!(
                         deadline = %humantime::format_duration(self.call_deadline),
                         "fetching messages got no answer within its deadline; retrying after the \
@@ -355,6 +385,7 @@ async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot:
     };
     drop(slot);
     let (queue, counters) = (&settle.queue, settle.counters.as_ref());
+    let metrics = &settle.metrics;
     let failure = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(e.to_string()),
@@ -362,39 +393,54 @@ async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot:
     };
     let Some(reason) = failure else {
         match settle.acker.ack(message).await {
-            Ok(AckOutcome::Acked) => debug!("handled and acked"),
+            Ok(AckOutcome::Acked) => {
+                metrics.group.acked();
+                debug!("handled and acked")
+            }
             Ok(AckOutcome::ClaimLost) => {
                 Counters::bump(&counters.claims_lost);
+                metrics.group.claim_lost();
                 warn!(
                     "handled, but the claim had expired and was taken over before the ack; \
                      the message may be handled twice (delivery is at least once)"
                 );
             }
-            Err(e) => error!(
-                error = %e,
-                "handled, but the ack failed; the message is redelivered after the visibility timeout"
-            ),
+            Err(e) => {
+                metrics.ack_errors.inc();
+                error!(
+                    error = %e,
+                    "handled, but the ack failed; the message is redelivered after the visibility timeout"
+                )
+            }
         }
         Counters::bump(&counters.handled_ok);
         return;
     };
     match queue.nack(&message, &reason).await {
         Ok(NackOutcome::Retrying { visible_at }) => {
+            metrics.group.nacked(false);
             warn!(error = %reason, %visible_at, "handler failed; the message will be retried")
         }
-        Ok(NackOutcome::DeadLettered) => error!(
-            error = %reason,
-            "handler failed on the last attempt; the message moved to the group's dead letters"
-        ),
+        Ok(NackOutcome::DeadLettered) => {
+            metrics.group.nacked(true);
+            error!(
+                error = %reason,
+                "handler failed on the last attempt; the message moved to the group's dead letters"
+            )
+        }
         Ok(NackOutcome::ClaimLost) => {
             Counters::bump(&counters.claims_lost);
+            metrics.group.claim_lost();
             warn!(error = %reason, "handler failed, and the claim had already been taken over");
         }
-        Err(e) => error!(
-            error = %e,
-            handler_error = %reason,
-            "handler failed and the nack failed too; the message is redelivered after the visibility timeout"
-        ),
+        Err(e) => {
+            metrics.nack_errors.inc();
+            error!(
+                error = %e,
+                handler_error = %reason,
+                "handler failed and the nack failed too; the message is redelivered after the visibility timeout"
+            )
+        }
     }
     Counters::bump(&counters.handled_err);
 }

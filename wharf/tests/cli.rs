@@ -1380,6 +1380,28 @@ async fn serve_answers_then_stops_cleanly_on_sigterm(backend: Backend) {
     assert_eq!(entries(&page).len(), 1, "{page:#}");
     assert!(page["next_after"].is_i64(), "{page:#}");
 
+    // Prometheus metrics: the store's figures read at scrape time (ADR 0021).
+    let response = client
+        .get(format!("http://{}/metrics", server.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    let metrics = response.text().await.unwrap();
+    assert!(metrics.contains("\nwharf_store_up 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("wharf_group_installs_total{group=\"billing\""),
+        "{metrics}"
+    );
+
     let (code, rest) = server.terminate().await;
     assert_eq!(
         code,

@@ -1,4 +1,5 @@
-//! `serve`: the REST listing API, plus the catch-up projection loop and the pruner schedule.
+//! `serve`: the REST listing API (with `/metrics`), plus the catch-up projection loop and the
+//! pruner schedule.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -6,10 +7,11 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
+use wharf::metrics::StoreOperation;
 use wharf::projections::{PruneOptions, ReadModel};
 use wharf::store::sqlite::{quick_check, QuickCheck};
 use wharf::store::StoreLocation;
-use wharf::{Config, Wharf};
+use wharf::{Config, Metrics, Wharf};
 
 use super::signals::shutdown_signal;
 
@@ -39,9 +41,16 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
         "wharf serving"
     );
     let (stop_tx, stop) = watch::channel(false);
-    let catch_up = tokio::spawn(catch_up_loop(read.clone(), stop.clone()));
+    let catch_up = tokio::spawn(catch_up_loop(
+        read.clone(),
+        wharf.metrics().clone(),
+        stop.clone(),
+    ));
     let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
-    let state = wharf_api::ApiState::new(read).with_queue(wharf.queue().clone());
+    let state = wharf_api::ApiState::new(read)
+        .with_queue(wharf.queue().clone())
+        .with_metrics(wharf.metrics().clone())
+        .scrape_timeout(config.http.metrics_timeout);
     wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
     let _ = tokio::join!(catch_up, pruner);
@@ -83,9 +92,11 @@ async fn check_sqlite_integrity(config: &Config) -> anyhow::Result<()> {
     }
 }
 
-async fn catch_up_loop(read: ReadModel, mut stop: watch::Receiver<bool>) {
+async fn catch_up_loop(read: ReadModel, metrics: Metrics, mut stop: watch::Receiver<bool>) {
+    let errors = metrics.store_errors().counter(StoreOperation::CatchUp);
     loop {
         if let Err(e) = read.catch_up().await {
+            errors.inc();
             error!(error = %e, "catch-up projection failed; retrying");
         }
         tokio::select! {
@@ -110,7 +121,7 @@ async fn prune_loop(wharf: Wharf, config: Config, mut stop: watch::Receiver<bool
             dry_run: false,
             batch: config.prune.batch,
         };
-        match wharf.read_model().prune(options).await {
+        match wharf.prune_declarations(options).await {
             Ok(report) => {
                 info!(deleted = report.deleted, cutoff = %report.cutoff, "pruned declaration attempts")
             }
@@ -120,6 +131,7 @@ async fn prune_loop(wharf: Wharf, config: Config, mut stop: watch::Receiver<bool
             Ok(report) => info!(
                 messages = report.messages,
                 orphaned = report.orphaned_deliveries,
+                set_aside_dropped = report.set_aside_dropped,
                 "message log retention"
             ),
             Err(e) => {
