@@ -48,8 +48,7 @@ pub struct Queue {
 /// statistics (not an API: the text may change with any release).
 #[doc(hidden)]
 pub mod plans {
-    /// A routing step's read of the log on Postgres (`$1` topic, `$2` first position, `$3`
-    /// rows).
+    /// A routing step's read of the log on Postgres (`$1` topic, positions `$2..=$3`).
     pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
 }
 

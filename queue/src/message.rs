@@ -320,6 +320,22 @@ pub struct GroupQueueStats {
     pub rescan_remaining: i64,
 }
 
+impl SwapReport {
+    /// Logs what applying the install did, as fields (both routers call it).
+    pub(crate) fn log(&self, group: &str) {
+        tracing::info!(
+            group,
+            install = self.install,
+            kept = self.kept,
+            set_aside = self.set_aside,
+            restored = self.restored,
+            rescan_from = self.rescan_from,
+            rescan_until = self.rescan_until,
+            "applied the group's new install to its routing"
+        );
+    }
+}
+
 /// One install as the group's routing applied it (ADR 0014): the listing's and the audit's
 /// record of what each swap did to the messages routed before it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -298,16 +298,7 @@ fn apply(
             report.rescan_until
         ],
     )?;
-    tracing::info!(
-        group = g,
-        install = report.install,
-        kept = report.kept,
-        set_aside = report.set_aside,
-        restored = report.restored,
-        rescan_from = report.rescan_from,
-        rescan_until = report.rescan_until,
-        "applied the group's new install to its routing"
-    );
+    report.log(g);
     cursor.start_position = Some(start);
     cursor.routed_install = install.position;
     cursor.rescan_position = report.rescan_from;
