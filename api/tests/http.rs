@@ -216,7 +216,7 @@ async fn register(
             state.apply(event);
         }
         let mut live = Vec::new();
-        for row in &snapshot.live_instances {
+        for row in &snapshot.observed {
             live.push(LiveInstance {
                 declarer: DeclarerId::parse("declarer", &row.declarer)
                     .map_err(|e| e.to_string())?,
@@ -246,7 +246,13 @@ async fn register(
             version: command.version.to_string(),
             patterns: command.requested.patterns(),
         });
-        Ok((GroupWrite { events, heartbeat }, decision.outcome))
+        Ok((
+            GroupWrite {
+                events,
+                extra: heartbeat,
+            },
+            decision.outcome,
+        ))
     };
     store
         .execute_group(lock, decide_in_lock)

@@ -107,6 +107,16 @@ pub enum StoreError {
         /// The version needed.
         needed: i64,
     },
+    /// The locked executor's guard (say, a fencing token) did not hold: nothing was written.
+    #[error("write to {aggregate_type} {aggregate_id} refused: {reason}")]
+    GuardRefused {
+        /// The aggregate's type.
+        aggregate_type: &'static str,
+        /// The aggregate's id.
+        aggregate_id: String,
+        /// Why the guard refused.
+        reason: String,
+    },
     /// A blocking store task panicked or was cancelled.
     #[error("store task failed: {0}")]
     Task(String),

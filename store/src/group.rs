@@ -1,13 +1,20 @@
-//! The locked group executor's contract, shared by both backends.
+//! The consumer group as a [`LockedAggregate`]: the declaration side of the locked executor.
 //!
-//! A declaration attempt runs as one transaction: lock the group's row, load its events, observe
-//! its live instances and the store's time, decide (a pure closure), append what the decision
-//! returns with inline projection, write the caller's heartbeat if the decision allows, commit.
-//! Concurrent attempts on one group serialize on the group row lock.
+//! A declaration attempt runs as one transaction (see [`crate::executor`]): lock the group's
+//! `consumer_group` row, load its events, observe its live instances and the store's time,
+//! decide (a pure closure), append what the decision returns with inline projection, write the
+//! caller's heartbeat if the decision allows, commit. Concurrent attempts on one group
+//! serialize on the group row lock. The group- and queue-specific SQL of that transaction lives
+//! here, not in the executor.
 
-use chrono::{DateTime, Utc};
+use async_trait::async_trait;
+use rusqlite::params;
+use sqlx::PgConnection;
 
-use crate::event::{Heartbeat, NewEvent, RecordedEvent};
+use crate::error::StoreError;
+use crate::event::Heartbeat;
+use crate::executor::{Decision, LockedAggregate, PgLock, Snapshot, Write};
+use crate::projector::CteStatement;
 
 /// The aggregate type the group executor loads and appends to.
 pub const GROUP_AGGREGATE: &str = "consumer_group";
@@ -35,39 +42,133 @@ pub struct LiveInstanceRow {
     pub patterns: Vec<String>,
 }
 
-/// What the decision sees: the group's events, its live instances and the store's time.
-#[derive(Debug, Clone)]
-pub struct GroupSnapshot {
-    /// The group's events after [`GroupLock::after_sequence`], in sequence order.
-    pub events: Vec<RecordedEvent>,
-    /// The sequence the load started after.
-    pub after_sequence: i64,
-    /// The group's newest sequence in the ledger (0 when none). Below `after_sequence` means
-    /// the caller's state is from another ledger (say, before a restore) and must be dropped.
-    pub stream_head: i64,
-    /// Instances with a heartbeat fresher than the TTL.
-    pub live_instances: Vec<LiveInstanceRow>,
-    /// The store's time for this transaction.
-    pub now: DateTime<Utc>,
-}
+/// What a group's decision sees: its events, its live instances and the store's time.
+pub type GroupSnapshot = Snapshot<Vec<LiveInstanceRow>>;
 
-impl GroupSnapshot {
-    /// The sequence of the group's newest event (0 when none).
-    pub fn last_sequence(&self) -> i64 {
-        self.events
-            .last()
-            .map_or(self.after_sequence.max(0), |e| e.sequence)
+/// What a group's decision writes: events, and the caller's heartbeat when it may consume.
+pub type GroupWrite = Write<Heartbeat>;
+
+/// A group decision: what to write, and what to tell the caller.
+pub type GroupDecision<T, E> = Decision<T, E, Heartbeat>;
+
+/// A group's lock is its `consumer_group` row (the router takes the same row lock, so routing
+/// never runs between a swap's decision and its commit). Creating the row also starts the
+/// group's routing cursor at the topic's head (ADR 0007).
+#[async_trait]
+impl LockedAggregate for GroupLock {
+    type Observed = Vec<LiveInstanceRow>;
+    type Extra = Heartbeat;
+
+    fn aggregate_type(&self) -> &'static str {
+        GROUP_AGGREGATE
+    }
+
+    fn aggregate_id(&self) -> &str {
+        &self.group
+    }
+
+    fn after_sequence(&self) -> i64 {
+        self.after_sequence
+    }
+
+    fn pg_lock(&self, args: &mut CteStatement) -> Result<PgLock, StoreError> {
+        let topic = args.bind(self.topic.clone())?;
+        Ok(PgLock {
+            upsert: format!(
+                "INSERT INTO consumer_group (group_name, topic, routed_position) \
+                 VALUES ($1, {topic}, COALESCE((SELECT head FROM topic WHERE name = {topic}), 0)) \
+                 ON CONFLICT (group_name) DO UPDATE SET version = consumer_group.version + 1"
+            ),
+            written: "consumer_group.version".to_owned(),
+            seen: "(SELECT g.version FROM consumer_group g WHERE g.group_name = $1)".to_owned(),
+        })
+    }
+
+    fn pg_observe(&self, args: &mut CteStatement) -> Result<String, StoreError> {
+        let ttl = args.bind(self.instance_ttl.as_secs_f64())?;
+        Ok(format!(
+            "COALESCE((SELECT json_agg(json_build_object('declarer', declarer, \
+               'patterns', patterns) ORDER BY declarer) FROM worker_instance \
+               WHERE group_name = $1 \
+               AND heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})), '[]'::json)"
+        ))
+    }
+
+    async fn pg_write_extra(
+        &self,
+        conn: &mut PgConnection,
+        heartbeat: &Heartbeat,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
+             SELECT $1, $2, $3, $4, $5, c.t, c.t FROM (SELECT clock_timestamp() AS t) c \
+             ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
+             version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
+        )
+        .bind(&self.group)
+        .bind(&heartbeat.declarer)
+        .bind(&self.topic)
+        .bind(&heartbeat.version)
+        .bind(&heartbeat.patterns)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
+    fn sqlite_lock(&self, tx: &rusqlite::Transaction<'_>, now: i64) -> Result<(), StoreError> {
+        // Cached statements throughout: this is the register hot path, and compiling SQL
+        // costs about as much here as the statements themselves.
+        tx.prepare_cached(
+            "INSERT OR IGNORE INTO consumer_group (group_name, topic, created_at, routed_position) \
+             VALUES (?1, ?2, ?3, COALESCE((SELECT head FROM topic WHERE name = ?2), 0))",
+        )?
+        .execute(params![self.group, self.topic, now])?;
+        Ok(())
+    }
+
+    fn sqlite_observe(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        now: i64,
+    ) -> Result<Vec<LiveInstanceRow>, StoreError> {
+        let ttl = i64::try_from(self.instance_ttl.as_micros()).unwrap_or(i64::MAX);
+        let mut stmt = tx.prepare_cached(
+            "SELECT declarer, patterns FROM worker_instance \
+             WHERE group_name = ?1 AND heartbeat_at > ?2 ORDER BY declarer",
+        )?;
+        let rows = stmt.query_map(params![self.group, now.saturating_sub(ttl)], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?;
+        rows.map(|row| {
+            let (declarer, patterns) = row?;
+            Ok(LiveInstanceRow {
+                declarer,
+                patterns: serde_json::from_str(&patterns).map_err(|e| StoreError::decode(0, e))?,
+            })
+        })
+        .collect()
+    }
+
+    fn sqlite_write_extra(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        heartbeat: &Heartbeat,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        tx.prepare_cached(
+            "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \
+             ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
+             version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
+        )?
+        .execute(params![
+            self.group,
+            heartbeat.declarer,
+            self.topic,
+            heartbeat.version,
+            serde_json::to_string(&heartbeat.patterns)?,
+            now
+        ])?;
+        Ok(())
     }
 }
-
-/// What the decision asks the executor to write.
-#[derive(Debug, Clone, Default)]
-pub struct GroupWrite {
-    /// Events to append (may be empty: a join appends nothing).
-    pub events: Vec<NewEvent>,
-    /// A heartbeat to record in the same transaction (the instance starts consuming).
-    pub heartbeat: Option<Heartbeat>,
-}
-
-/// A decision: what to write, and what to tell the caller.
-pub type GroupDecision<T, E> = Result<(GroupWrite, T), E>;

@@ -5,8 +5,8 @@
 //! - every event gets a global `position` (commit order) and `recorded_at` from the store's clock;
 //! - appends are optimistic per aggregate (a taken sequence is [`StoreError::Conflict`]);
 //! - inline projectors run inside the append transaction, and their error rolls it back;
-//! - the locked group executor loads, decides, appends and projects in one transaction,
-//!   serialized per group;
+//! - the locked executor loads, decides, appends and projects in one transaction, serialized
+//!   per aggregate, with an optional guard checked in the same transaction (`executor`);
 //! - catch-up projectors advance a durable checkpoint in the same transaction as their writes,
 //!   and can never skip an event that committed late;
 //! - worker-instance heartbeats are state, judged fresh by the store's clock.
@@ -16,6 +16,7 @@
 
 pub mod error;
 pub mod event;
+pub mod executor;
 pub mod group;
 pub mod migrate;
 pub mod postgres;
@@ -27,6 +28,7 @@ use chrono::{DateTime, Utc};
 
 pub use error::StoreError;
 pub use event::{EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
+pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, Write};
 pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{CteStatement, PgProjector, SqliteProjector};
@@ -177,6 +179,21 @@ impl Store {
         query: EventQuery,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         dispatch!(self, s => s.query_events(aggregate_type, aggregate_id, query).await)
+    }
+
+    /// Runs one locked attempt on any aggregate (see [`executor`]).
+    pub async fn execute<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+    ) -> Result<Result<T, E>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+    {
+        dispatch!(self, s => s.execute(target, decide).await)
     }
 
     /// Runs one locked declaration attempt (see [`group`]).

@@ -968,7 +968,7 @@ async fn live_declarers(store: &Store, group: &str, ttl: Duration) -> Vec<String
     store
         .execute_group(lock(group, ttl), |snapshot| {
             let live = snapshot
-                .live_instances
+                .observed
                 .iter()
                 .map(|i| i.declarer.clone())
                 .collect();
@@ -994,12 +994,12 @@ async fn worker_instances_follow_heartbeats(backend: Backend) {
     };
     let observed_now = store
         .execute_group(lock("g1", LONG_TTL), move |snapshot| {
-            assert!(snapshot.live_instances.is_empty());
+            assert!(snapshot.observed.is_empty());
             assert!(snapshot.events.is_empty());
             Ok::<_, Infallible>((
                 GroupWrite {
                     events: Vec::new(),
-                    heartbeat: Some(heartbeat),
+                    extra: Some(heartbeat),
                 },
                 snapshot.now,
             ))
@@ -1117,7 +1117,7 @@ async fn group_executor_is_atomic(backend: Backend) {
                         "DeclarationInstalled",
                         json!({"not": "a declaration"}),
                     )],
-                    heartbeat: Some(Heartbeat {
+                    extra: Some(Heartbeat {
                         declarer: "w2".into(),
                         version: "1".into(),
                         patterns: vec![],

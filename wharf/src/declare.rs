@@ -180,7 +180,10 @@ fn decision(
             state.apply(event);
         }
         Ok((
-            GroupWrite { events, heartbeat },
+            GroupWrite {
+                events,
+                extra: heartbeat,
+            },
             (decision.outcome, state, sequence),
         ))
     }
@@ -196,7 +199,7 @@ fn fold(state: &mut ConsumerGroup, snapshot: &GroupSnapshot) -> Result<(), Store
 
 fn live_instances(snapshot: &GroupSnapshot) -> Result<Vec<LiveInstance>, StoreError> {
     snapshot
-        .live_instances
+        .observed
         .iter()
         .map(|row| {
             Ok(LiveInstance {

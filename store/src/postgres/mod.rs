@@ -8,6 +8,7 @@
 //! do not contend. The store's clock is the database's `clock_timestamp()`.
 
 mod events;
+mod executor;
 mod group;
 mod rebuild;
 

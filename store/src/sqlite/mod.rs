@@ -7,6 +7,7 @@
 //! under the writer lock, so their times follow commit order.
 
 mod events;
+mod executor;
 mod group;
 mod rebuild;
 

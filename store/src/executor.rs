@@ -1,0 +1,196 @@
+//! The locked executor's contract: one load-decide-append-project transaction for any aggregate.
+//!
+//! An attempt on an aggregate runs as one transaction on either backend:
+//! 1. take the aggregate's lock (a row lock: the aggregate's own row when it has one, such as a
+//!    consumer group's, else its row in `aggregate_lock`);
+//! 2. in the same round trip on Postgres, read the store's time, the aggregate's events after the
+//!    caller's cached sequence, its newest sequence, what the aggregate observes beside its
+//!    events (a group's live instances), and the guard (a condition such as a fencing token that
+//!    must hold for the write to land);
+//! 3. refuse with [`StoreError::GuardRefused`] when the guard does not hold;
+//! 4. decide (a pure closure over the [`Snapshot`]);
+//! 5. append what the decision returns, with inline projection, and write its extra state (a
+//!    group's heartbeat);
+//! 6. commit. A decision error rolls everything back and is returned as the inner `Err`.
+//!
+//! Concurrent attempts on one aggregate serialize on its lock. What is aggregate-specific (which
+//! row is the lock, what to observe, the guard, the extra write) is a [`LockedAggregate`]; the
+//! executor itself exists once per backend (`sqlite/executor.rs`, `postgres/executor.rs`).
+//!
+//! Architecture invariant: the executor never interprets events; an aggregate's hooks may read
+//! and write its own tables, never the events table.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::error::StoreError;
+use crate::event::{NewEvent, RecordedEvent};
+use crate::projector::CteStatement;
+
+/// What the decision sees: the aggregate's events, what it observes, and the store's time.
+#[derive(Debug, Clone)]
+pub struct Snapshot<O> {
+    /// The aggregate's events after [`LockedAggregate::after_sequence`], in sequence order.
+    pub events: Vec<RecordedEvent>,
+    /// The sequence the load started after.
+    pub after_sequence: i64,
+    /// The aggregate's newest sequence in the ledger (0 when none). Below `after_sequence`
+    /// means the caller's cached state is from another ledger (say, before a restore) and must
+    /// be dropped.
+    pub stream_head: i64,
+    /// What the aggregate observes beside its events, read under the lock.
+    pub observed: O,
+    /// The store's time for this transaction.
+    pub now: DateTime<Utc>,
+}
+
+impl<O> Snapshot<O> {
+    /// The sequence of the aggregate's newest event (0 when none).
+    pub fn last_sequence(&self) -> i64 {
+        self.events
+            .last()
+            .map_or(self.after_sequence.max(0), |e| e.sequence)
+    }
+}
+
+/// What the decision asks the executor to write.
+#[derive(Debug, Clone)]
+pub struct Write<X> {
+    /// Events to append (may be empty).
+    pub events: Vec<NewEvent>,
+    /// Aggregate-specific state to write in the same transaction, through
+    /// [`LockedAggregate::pg_write_extra`] / [`LockedAggregate::sqlite_write_extra`].
+    pub extra: Option<X>,
+}
+
+impl<X> Default for Write<X> {
+    fn default() -> Self {
+        Self {
+            events: Vec::new(),
+            extra: None,
+        }
+    }
+}
+
+impl<X> Write<X> {
+    /// Appends `events` and writes nothing else.
+    pub fn events(events: Vec<NewEvent>) -> Self {
+        Self {
+            events,
+            extra: None,
+        }
+    }
+}
+
+/// A decision: what to write, and what to tell the caller.
+pub type Decision<T, E, X> = Result<(Write<X>, T), E>;
+
+/// The Postgres statement parts that lock an aggregate: an upsert that takes the row lock and
+/// bumps a `version` column, and two expressions the executor adds to its `RETURNING` list to
+/// tell whether the statement's snapshot (taken before any wait on the lock) is still current.
+#[derive(Debug, Clone)]
+pub struct PgLock {
+    /// `INSERT ... ON CONFLICT (...) DO UPDATE SET version = <table>.version + 1`, without a
+    /// `RETURNING` clause. `$1` is the aggregate id, `$2` its type.
+    pub upsert: String,
+    /// The version the upsert wrote (`<table>.version`).
+    pub written: String,
+    /// The version the statement's snapshot saw: a subquery, NULL when the row was new.
+    pub seen: String,
+}
+
+impl PgLock {
+    /// The lock for an aggregate with no row of its own: its row in `aggregate_lock`.
+    pub fn aggregate_row() -> Self {
+        Self {
+            upsert: "INSERT INTO aggregate_lock (aggregate_type, aggregate_id) VALUES ($2, $1) \
+                     ON CONFLICT (aggregate_type, aggregate_id) \
+                     DO UPDATE SET version = aggregate_lock.version + 1"
+                .to_owned(),
+            written: "aggregate_lock.version".to_owned(),
+            seen: "(SELECT l.version FROM aggregate_lock l \
+                   WHERE l.aggregate_type = $2 AND l.aggregate_id = $1)"
+                .to_owned(),
+        }
+    }
+}
+
+/// An aggregate the locked executor can run attempts on: which stream, which lock, what to
+/// observe, the guard, and the extra write. Parameters `$1` (aggregate id), `$2` (aggregate
+/// type) and `$3` (after-sequence) are bound by the executor; a hook binds its own through the
+/// [`CteStatement`] it is given and uses the placeholders that returns.
+#[async_trait]
+pub trait LockedAggregate: Send + Sync + 'static {
+    /// What the decision observes beside the events; decoded from JSON on Postgres.
+    type Observed: serde::de::DeserializeOwned + Send + 'static;
+    /// Aggregate-specific state a decision may write beside its events.
+    type Extra: Send + Sync + 'static;
+
+    /// The aggregate type of the stream (the events' `aggregate_type`).
+    fn aggregate_type(&self) -> &'static str;
+    /// The aggregate id of the stream.
+    fn aggregate_id(&self) -> &str;
+    /// Load only events with a greater sequence (0 loads everything).
+    fn after_sequence(&self) -> i64;
+
+    /// Postgres: the lock statement parts (default: the aggregate's `aggregate_lock` row).
+    fn pg_lock(&self, _args: &mut CteStatement) -> Result<PgLock, StoreError> {
+        Ok(PgLock::aggregate_row())
+    }
+    /// Postgres: a JSON-valued expression read in the lock statement (default: `null`).
+    fn pg_observe(&self, _args: &mut CteStatement) -> Result<String, StoreError> {
+        Ok("'null'::json".to_owned())
+    }
+    /// Postgres: a boolean expression that must be true for the write to land, read in the
+    /// lock statement (no round trip of its own), and why it refused when false.
+    fn pg_guard(&self, _args: &mut CteStatement) -> Result<Option<PgGuard>, StoreError> {
+        Ok(None)
+    }
+    /// Postgres: writes the decision's extra state inside the transaction.
+    async fn pg_write_extra(
+        &self,
+        _conn: &mut PgConnection,
+        _extra: &Self::Extra,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// SQLite: takes the lock. The writer is single and every write is `BEGIN IMMEDIATE`, so
+    /// the default does nothing; an aggregate with a row of its own creates it here.
+    fn sqlite_lock(&self, _tx: &rusqlite::Transaction<'_>, _now: i64) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// SQLite: what the decision observes (`now` in microseconds of the store's clock).
+    fn sqlite_observe(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        now: i64,
+    ) -> Result<Self::Observed, StoreError>;
+    /// SQLite: `Some(reason)` when the guard refuses the write.
+    fn sqlite_guard(
+        &self,
+        _tx: &rusqlite::Transaction<'_>,
+        _now: i64,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
+    /// SQLite: writes the decision's extra state inside the transaction.
+    fn sqlite_write_extra(
+        &self,
+        _tx: &rusqlite::Transaction<'_>,
+        _extra: &Self::Extra,
+        _now: i64,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// A Postgres guard: the condition and the refusal's reason.
+#[derive(Debug, Clone)]
+pub struct PgGuard {
+    /// A boolean SQL expression.
+    pub condition: String,
+    /// What [`StoreError::GuardRefused`] says when it is false.
+    pub refusal: String,
+}

@@ -1,0 +1,210 @@
+//! The generic locked executor on a real SQLite file and a real Postgres schema: an aggregate
+//! with no row of its own is locked through `aggregate_lock`, so concurrent attempts serialize
+//! (every one appends after the other, none conflicts); what it observes is read in the locked
+//! transaction; a guard that does not hold refuses the write with a typed error and leaves
+//! nothing behind; a decision error rolls back.
+
+use std::convert::Infallible;
+
+use async_trait::async_trait;
+use serde_json::json;
+use wharf::store::{CteStatement, LockedAggregate, NewEvent, PgGuard, Store, StoreError, Write};
+use wharf_tests::{on_both_backends, Backend, TestStore};
+
+/// A test aggregate: observes how many rows `fence` holds; guarded, when `token` is set, by
+/// `fence` holding exactly that token.
+struct Fenced {
+    id: String,
+    after_sequence: i64,
+    token: Option<i64>,
+}
+
+impl Fenced {
+    fn new(id: &str, token: Option<i64>) -> Self {
+        Self {
+            id: id.to_owned(),
+            after_sequence: 0,
+            token,
+        }
+    }
+}
+
+#[async_trait]
+impl LockedAggregate for Fenced {
+    type Observed = i64;
+    type Extra = ();
+
+    fn aggregate_type(&self) -> &'static str {
+        "test_fenced"
+    }
+
+    fn aggregate_id(&self) -> &str {
+        &self.id
+    }
+
+    fn after_sequence(&self) -> i64 {
+        self.after_sequence
+    }
+
+    fn pg_observe(&self, _args: &mut CteStatement) -> Result<String, StoreError> {
+        Ok("to_json((SELECT count(*) FROM fence))".to_owned())
+    }
+
+    fn pg_guard(&self, args: &mut CteStatement) -> Result<Option<PgGuard>, StoreError> {
+        let Some(token) = self.token else {
+            return Ok(None);
+        };
+        let token = args.bind(token)?;
+        Ok(Some(PgGuard {
+            condition: format!("EXISTS (SELECT 1 FROM fence WHERE token = {token})"),
+            refusal: format!("token {} is not current", self.token.unwrap_or(0)),
+        }))
+    }
+
+    fn sqlite_observe(&self, tx: &rusqlite::Transaction<'_>, _now: i64) -> Result<i64, StoreError> {
+        Ok(tx.query_row("SELECT count(*) FROM fence", [], |row| row.get(0))?)
+    }
+
+    fn sqlite_guard(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        _now: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(token) = self.token else {
+            return Ok(None);
+        };
+        let holds: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM fence WHERE token = ?1)",
+            [token],
+            |row| row.get(0),
+        )?;
+        Ok((!holds).then(|| format!("token {token} is not current")))
+    }
+}
+
+fn event(n: i64) -> NewEvent {
+    NewEvent {
+        event_type: "Counted".to_owned(),
+        event_version: "1.0".to_owned(),
+        payload: json!({ "n": n }),
+        metadata: json!({}),
+    }
+}
+
+async fn create_fence(store: &Store, token: i64) {
+    match store {
+        Store::Sqlite(s) => s
+            .write(move |ctx| {
+                ctx.tx
+                    .execute_batch("CREATE TABLE fence (token INTEGER NOT NULL)")?;
+                ctx.tx.execute("INSERT INTO fence VALUES (?1)", [token])?;
+                Ok(())
+            })
+            .await
+            .expect("fence table"),
+        Store::Postgres(s) => {
+            sqlx::query("CREATE TABLE fence (token BIGINT NOT NULL)")
+                .execute(s.pool())
+                .await
+                .expect("fence table");
+            sqlx::query("INSERT INTO fence VALUES ($1)")
+                .bind(token)
+                .execute(s.pool())
+                .await
+                .expect("fence row");
+        }
+    }
+}
+
+/// One attempt that appends one event after whatever the stream holds; returns the sequence
+/// it wrote and what it observed.
+async fn count_once(store: &Store, id: &str, token: Option<i64>) -> Result<(i64, i64), StoreError> {
+    store
+        .execute(Fenced::new(id, token), |snapshot| {
+            let next = snapshot.last_sequence() + 1;
+            Ok::<_, Infallible>((Write::events(vec![event(next)]), (next, snapshot.observed)))
+        })
+        .await
+        .map(|decided| decided.expect("the decision never fails"))
+}
+
+async fn concurrent_attempts_serialize_on_the_aggregate_lock(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 7).await;
+    let attempts = (0..8).map(|_| {
+        let store = ts.store.clone();
+        tokio::spawn(async move { count_once(&store, "s1", None).await })
+    });
+    let mut sequences = Vec::new();
+    for attempt in futures::future::join_all(attempts).await {
+        let (sequence, observed) = attempt.expect("task").expect("no conflict under the lock");
+        assert_eq!(observed, 1, "the observed value is read in the transaction");
+        sequences.push(sequence);
+    }
+    sequences.sort_unstable();
+    assert_eq!(sequences, (1..=8).collect::<Vec<_>>());
+    let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
+    assert_eq!(loaded.len(), 8);
+    // Another aggregate id has a lock of its own and a stream of its own.
+    assert_eq!(count_once(&ts.store, "s2", None).await.expect("s2").0, 1);
+}
+
+on_both_backends!(
+    concurrent_attempts_serialize_on_the_aggregate_lock,
+    concurrent_attempts_serialize_on_the_aggregate_lock
+);
+
+async fn a_guard_that_does_not_hold_refuses_and_writes_nothing(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 7).await;
+    assert_eq!(
+        count_once(&ts.store, "s1", Some(7))
+            .await
+            .expect("current token")
+            .0,
+        1
+    );
+
+    let refused = count_once(&ts.store, "s1", Some(6)).await;
+    match refused {
+        Err(StoreError::GuardRefused {
+            aggregate_type,
+            aggregate_id,
+            reason,
+        }) => {
+            assert_eq!(aggregate_type, "test_fenced");
+            assert_eq!(aggregate_id, "s1");
+            assert_eq!(reason, "token 6 is not current");
+        }
+        other => panic!("expected a guard refusal, got {other:?}"),
+    }
+    let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
+    assert_eq!(loaded.len(), 1, "the refused attempt appended nothing");
+}
+
+on_both_backends!(
+    a_guard_that_does_not_hold_refuses_and_writes_nothing,
+    a_guard_that_does_not_hold_refuses_and_writes_nothing
+);
+
+async fn a_decision_error_rolls_back(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 1).await;
+    let refused = ts
+        .store
+        .execute(Fenced::new("s1", None), |_| Err::<(Write<()>, ()), _>("no"))
+        .await
+        .expect("the store call succeeds");
+    assert_eq!(refused, Err("no"));
+    assert!(ts
+        .store
+        .load("test_fenced", "s1")
+        .await
+        .expect("load")
+        .is_empty());
+    // The lock row the refused attempt took was rolled back with it: the next attempt starts
+    // from a new row and still appends at sequence 1.
+    assert_eq!(count_once(&ts.store, "s1", None).await.expect("after").0, 1);
+}
+
+on_both_backends!(a_decision_error_rolls_back, a_decision_error_rolls_back);
