@@ -129,7 +129,7 @@ impl fmt::Display for Subject {
     }
 }
 
-fn check_common(field: &str, value: &str) -> Result<(), ValidationError> {
+pub(crate) fn check_common(field: &str, value: &str) -> Result<(), ValidationError> {
     if value.is_empty() {
         return Err(ValidationError::new(
             field,

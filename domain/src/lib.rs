@@ -14,6 +14,7 @@ pub mod error;
 pub mod filter;
 pub mod matcher;
 pub mod names;
+pub mod session;
 
 pub use binding_set::BindingSet;
 pub use declaration::{
@@ -24,3 +25,8 @@ pub use error::ValidationError;
 pub use filter::{Subject, TopicFilter};
 pub use matcher::BindingMatcher;
 pub use names::{AppVersion, DeclarerId, GroupName, TopicName};
+pub use session::{
+    redact_url, Acknowledgement, CanonicalBroker, DurableSessionIdentity, ExactFilter,
+    FilterRecord, IdentityInputs, ManagedFilterEvent, ManagedSession, ManagedSessionCommand,
+    ManagedSessionError, Qos, SessionMode, SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
+};

@@ -221,7 +221,12 @@ impl<'t, 's> Pending<'t, 's> {
 /// Compares level by level, one filter at a time: straightforward, and slow across a large set.
 /// It is the oracle [`BindingMatcher`] is tested against.
 pub fn filter_matches(filter: &TopicFilter, subject: &str) -> bool {
-    let mut filter_levels = filter.levels().peekable();
+    filter_text_matches(filter.as_str(), subject)
+}
+
+/// [`filter_matches`] on the text of a filter already validated as a [`TopicFilter`].
+pub(crate) fn filter_text_matches(filter: &str, subject: &str) -> bool {
+    let mut filter_levels = filter.split('/').peekable();
     if subject.starts_with('$') && matches!(filter_levels.peek(), Some(&("+" | "#"))) {
         return false;
     }
