@@ -15,11 +15,9 @@ CREATE TABLE IF NOT EXISTS aggregate_lock (
 CREATE TABLE IF NOT EXISTS managed_session (
     session_id         TEXT        PRIMARY KEY,
     baseline_source    TEXT        NOT NULL,
-    baseline_at        TIMESTAMPTZ NOT NULL,
     -- Why the session is in the terminal migration-required state (NULL: it is not).
     migration_required TEXT,
-    last_position      BIGINT      NOT NULL,
-    updated_at         TIMESTAMPTZ NOT NULL
+    last_position      BIGINT      NOT NULL
 );
 
 -- The exact filters that may exist at the broker for a session: seeded, remembered before a
@@ -34,6 +32,5 @@ CREATE TABLE IF NOT EXISTS managed_filter (
     reason_code      SMALLINT,
     since_position   BIGINT      NOT NULL,
     updated_position BIGINT      NOT NULL,
-    updated_at       TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (session_id, filter)
 );

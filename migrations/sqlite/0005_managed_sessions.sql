@@ -11,10 +11,8 @@ CREATE TABLE IF NOT EXISTS aggregate_lock (
 CREATE TABLE IF NOT EXISTS managed_session (
     session_id         TEXT    PRIMARY KEY,
     baseline_source    TEXT    NOT NULL,
-    baseline_at        INTEGER NOT NULL,
     migration_required TEXT,
-    last_position      INTEGER NOT NULL,
-    updated_at         INTEGER NOT NULL
+    last_position      INTEGER NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS managed_filter (
@@ -26,6 +24,5 @@ CREATE TABLE IF NOT EXISTS managed_filter (
     reason_code      INTEGER,
     since_position   INTEGER NOT NULL,
     updated_position INTEGER NOT NULL,
-    updated_at       INTEGER NOT NULL,
     PRIMARY KEY (session_id, filter)
 );

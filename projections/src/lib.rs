@@ -1,7 +1,8 @@
 //! Wharf's read side: projections of the ledger and the queries that serve them.
 //!
 //! - Inline projectors (run in the append transaction): [`EffectiveBindings`], the effective
-//!   binding rows that claims read, and each group's effective declaration.
+//!   binding rows that claims read, and each group's effective declaration;
+//!   [`ManagedSessions`], each durable MQTT session's exact managed-filter history.
 //! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
 //!   per declarer, from which open waiters are listed.
 //! - Reads: [`ReadModel`] lists groups, their waiters and instances, and pages audit history.
@@ -15,6 +16,7 @@ pub mod declaration;
 pub mod error;
 pub mod prune;
 mod rows;
+pub mod session;
 pub mod views;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
 pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
 pub use prune::{prune, PruneOptions, PruneReport};
+pub use session::ManagedSessions;
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 
 /// How many events a catch-up transaction applies at most.
@@ -35,12 +38,12 @@ const CATCH_UP_BATCH: i64 = 500;
 
 /// The inline projectors a SQLite store must run.
 pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
-    vec![Arc::new(EffectiveBindings)]
+    vec![Arc::new(EffectiveBindings), Arc::new(ManagedSessions)]
 }
 
 /// The inline projectors a Postgres store must run.
 pub fn pg_inline() -> Vec<Arc<dyn PgProjector>> {
-    vec![Arc::new(EffectiveBindings)]
+    vec![Arc::new(EffectiveBindings), Arc::new(ManagedSessions)]
 }
 
 fn sqlite_catch_up() -> Vec<Arc<dyn SqliteProjector>> {

@@ -194,3 +194,37 @@ pub struct PgGuard {
     /// What [`StoreError::GuardRefused`] says when it is false.
     pub refusal: String,
 }
+
+/// An aggregate with nothing to observe and nothing to write beside its events: its lock is
+/// its `aggregate_lock` row. Managed MQTT sessions run their ledger commands on it.
+#[derive(Debug, Clone)]
+pub struct StreamLock {
+    /// The aggregate type.
+    pub aggregate_type: &'static str,
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// Load only events with a greater sequence (0 loads everything).
+    pub after_sequence: i64,
+}
+
+#[async_trait]
+impl LockedAggregate for StreamLock {
+    type Observed = ();
+    type Extra = ();
+
+    fn aggregate_type(&self) -> &'static str {
+        self.aggregate_type
+    }
+
+    fn aggregate_id(&self) -> &str {
+        &self.aggregate_id
+    }
+
+    fn after_sequence(&self) -> i64 {
+        self.after_sequence
+    }
+
+    fn sqlite_observe(&self, _tx: &rusqlite::Transaction<'_>, _now: i64) -> Result<(), StoreError> {
+        Ok(())
+    }
+}

@@ -28,7 +28,7 @@ use chrono::{DateTime, Utc};
 
 pub use error::StoreError;
 pub use event::{EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
-pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, Write};
+pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, StreamLock, Write};
 pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{CteStatement, PgProjector, SqliteProjector};

@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::WharfError;
 
 mod log;
+mod mqtt;
 
 pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
+pub use mqtt::{ClientIdSuffix, MqttConfig, ResolvedSession, SessionConfig, SubscriptionConfig};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -31,6 +33,8 @@ pub struct Config {
     pub queue: QueueConfig,
     /// How the `wharf` binary logs (the library installs no subscriber).
     pub log: LogConfig,
+    /// The MQTT sessions bridged into the message log.
+    pub mqtt: MqttConfig,
 }
 
 /// Where the ledger lives.
@@ -443,6 +447,7 @@ impl Config {
         }
         self.queue.validate()?;
         self.log.validate()?;
+        self.mqtt.validate()?;
         wharf_store::StoreLocation::parse(&self.store.url)
             .map_err(|e| WharfError::Config(format!("store.url: {e}")))?;
         Ok(())
