@@ -38,6 +38,10 @@ pub const HEALTHZ_PATH: &str = "/healthz";
 pub const READYZ_PATH: &str = "/readyz";
 /// `GET`: Prometheus metrics (text exposition format 0.0.4).
 pub const METRICS_PATH: &str = "/metrics";
+/// `GET`: the managed MQTT sessions.
+pub const SESSIONS_PATH: &str = "/api/v1/sessions";
+/// `GET`: one managed MQTT session, by name or durable identity.
+pub const SESSION_PATH: &str = "/api/v1/sessions/{session}";
 
 /// Every route: its path and what answers it. The router is built from this table, and the
 /// OpenAPI test checks the document against it.
@@ -53,6 +57,8 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (HEALTHZ_PATH, get(healthz)),
         (READYZ_PATH, get(readyz)),
         (METRICS_PATH, get(metrics)),
+        (SESSIONS_PATH, get(crate::sessions::list_sessions)),
+        (SESSION_PATH, get(crate::sessions::one_session)),
     ]
 }
 

@@ -14,6 +14,8 @@
 //! | `GET /api/v1/groups/{group}/swaps` | a `SwapList`: what each install's swap did, newest first |
 //! | `GET /readyz` | readiness (`application/health+json`): the store can serve the listing |
 //! | `GET /metrics` | Prometheus text format 0.0.4: process counters and store figures (ADR 0021) |
+//! | `GET /api/v1/sessions` | `{"sessions": [SessionDetail...]}`: each MQTT session's runtime report and exact history |
+//! | `GET /api/v1/sessions/{session}` | one `SessionDetail`, by name or durable identity; 404 if unknown |
 //!
 //! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
@@ -29,6 +31,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod params;
 mod server;
+pub mod sessions;
 pub mod state;
 pub mod views;
 
@@ -42,8 +45,9 @@ use tracing::Level;
 pub use error::ApiError;
 pub use handlers::{
     DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, METRICS_PATH,
-    OPENAPI_PATH, READYZ_PATH, SWAPS_PATH, TOPICS_PATH,
+    OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
 };
+pub use sessions::{LiveSession, ReconcileReport, SessionDetail, SessionList, SessionSource};
 pub use metrics::{Metrics, StoreCollector};
 pub use server::{bounded_router, serve_with, HttpLimits};
 pub use state::{

@@ -181,6 +181,7 @@ pub struct ApiState {
     ready_timeout: Duration,
     metrics: Metrics,
     scrape_timeout: Duration,
+    sessions: Option<crate::sessions::SharedSessionSource>,
 }
 
 impl ApiState {
@@ -205,6 +206,7 @@ impl ApiState {
             ready_timeout: DEFAULT_READY_TIMEOUT,
             metrics: Metrics::new(),
             scrape_timeout: DEFAULT_SCRAPE_TIMEOUT,
+            sessions: None,
         }
     }
 
@@ -248,6 +250,18 @@ impl ApiState {
         self
     }
 
+    /// Reports this process's MQTT session runtimes at `/api/v1/sessions`, and makes `/readyz`
+    /// fail until every one of them is at `full`.
+    pub fn with_sessions(mut self, source: impl crate::sessions::SessionSource) -> Self {
+        self.sessions = Some(Arc::new(source));
+        self
+    }
+
+    /// The session runtimes' source, when set.
+    pub fn session_source(&self) -> Option<&crate::sessions::SharedSessionSource> {
+        self.sessions.as_ref()
+    }
+
     /// The read model the handlers query.
     pub fn read_model(&self) -> &ReadModel {
         &self.read_model
@@ -271,7 +285,12 @@ impl ApiState {
     /// finish is the failing check `readiness:duration`).
     pub async fn check_health(&self) -> Vec<HealthCheck> {
         match tokio::time::timeout(self.ready_timeout, self.readiness.checks()).await {
-            Ok(checks) => checks,
+            Ok(mut checks) => {
+                if let Some(source) = &self.sessions {
+                    checks.push(crate::sessions::readiness(source.as_ref()));
+                }
+                checks
+            }
             Err(_) => vec![HealthCheck::fail(
                 "readiness:duration",
                 format!(

@@ -17,6 +17,7 @@ pub mod error;
 pub mod prune;
 mod rows;
 pub mod session;
+pub mod session_views;
 pub mod views;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
+pub use session_views::{managed_sessions, ManagedFilterView, ManagedSessionView};
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 
 /// How many events a catch-up transaction applies at most.
@@ -78,6 +80,14 @@ impl ReadModel {
             store,
             instance_ttl: chrono::Duration::from_std(instance_ttl).unwrap_or(chrono::Duration::MAX),
         }
+    }
+
+    /// Each known managed MQTT session (one, or all) with its exact history.
+    pub async fn managed_sessions(
+        &self,
+        session_id: Option<&str>,
+    ) -> Result<Vec<ManagedSessionView>, StoreError> {
+        managed_sessions(&self.store, session_id).await
     }
 
     /// The store underneath.

@@ -1,5 +1,6 @@
 //! The library's one error type.
 
+use wharf_domain::session::ManagedSessionError;
 use wharf_domain::{DeclarationError, ValidationError};
 use wharf_projections::ProjectionError;
 use wharf_queue::QueueError;
@@ -23,6 +24,9 @@ pub enum WharfError {
     /// The message log failed (publishing, claiming, settling or retention).
     #[error(transparent)]
     Queue(QueueError),
+    /// A managed-session ledger command was refused (unknown history, migration required...).
+    #[error(transparent)]
+    Session(#[from] ManagedSessionError),
     /// The configuration is unusable; names the key.
     #[error("configuration: {0}")]
     Config(String),

@@ -54,6 +54,7 @@ pub mod error;
 pub mod handler;
 mod publish_listener;
 mod runtime;
+pub mod sessions;
 
 use std::sync::Arc;
 
@@ -184,6 +185,49 @@ impl Wharf {
     /// The read model: listing, audit, rebuild, prune.
     pub fn read_model(&self) -> &ReadModel {
         &self.read
+    }
+
+    /// The managed-filter ledger of MQTT sessions on this store.
+    pub fn session_ledger(&self) -> sessions::SessionLedger {
+        sessions::SessionLedger::new(self.store.clone())
+    }
+
+    /// Seeds a managed session's baseline (the embedded composition root's seeding; the CLI's
+    /// `wharf sessions seed` writes the same events): `filters` are the exact filters that
+    /// exist at the broker for `session_id`, possibly none. Idempotent: an established baseline
+    /// is kept and the listed filters are added to it. Seed empty only when the broker session
+    /// holds no filter: the ledger would otherwise never remove them.
+    pub async fn seed_session_baseline(
+        &self,
+        session_id: &str,
+        filters: &[&str],
+    ) -> Result<(), WharfError> {
+        let filters = filters
+            .iter()
+            .map(|f| domain::session::ExactFilter::parse_field("filters", f))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.session_ledger()
+            .seed(session_id, filters, "builder")
+            .await
+            .map(|_| ())
+    }
+
+    /// Starts every configured MQTT session (`config.mqtt.sessions`), appending what each
+    /// receives to this Wharf's message log and acking it to the broker after the commit.
+    pub fn start_sessions(
+        &self,
+        config: &Config,
+    ) -> Result<Vec<sessions::SessionRuntime>, WharfError> {
+        self.start_sessions_with(config, Arc::new(sessions::LogIngest::new(self.queue.clone())))
+    }
+
+    /// Starts every configured MQTT session with a handler of the application's own.
+    pub fn start_sessions_with(
+        &self,
+        config: &Config,
+        handler: Arc<dyn sessions::MqttHandler>,
+    ) -> Result<Vec<sessions::SessionRuntime>, WharfError> {
+        sessions::start_all(config, &self.session_ledger(), handler)
     }
 
     /// The message log with the configured claim settings: publish, fetch, ack, dead letters,

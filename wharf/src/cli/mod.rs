@@ -6,6 +6,8 @@ mod logging;
 mod maintenance;
 mod publish;
 mod serve;
+mod session_plan;
+mod sessions;
 mod signals;
 mod tail;
 
@@ -70,6 +72,11 @@ pub enum Command {
     /// Consume a group in the terminal: declare its set, wait visibly behind a live different
     /// set, then print each message and ack it (--no-ack: peek).
     Tail(tail::TailArgs),
+    /// Managed MQTT sessions: seed the baseline, list, show, plan a reconcile.
+    Sessions {
+        #[command(subcommand)]
+        command: sessions::SessionsCommand,
+    },
     /// Configuration helpers.
     Config {
         #[command(subcommand)]
@@ -145,6 +152,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::DeadLetters { command } => dead_letters::run(&config, command).await,
         Command::Publish(args) => publish::run(&config, args).await,
         Command::Tail(args) => tail::run(config, args).await,
+        Command::Sessions { command } => sessions::run(&config, command).await,
         Command::Config { .. } => Ok(ExitCode::SUCCESS),
     }
 }

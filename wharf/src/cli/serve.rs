@@ -10,6 +10,7 @@ use tracing::{error, info, warn};
 use wharf::metrics::StoreOperation;
 use wharf::projections::{PruneOptions, ReadModel};
 use wharf::store::sqlite::{quick_check, QuickCheck};
+use wharf::sessions::SessionStatus;
 use wharf::store::StoreLocation;
 use wharf::{Config, Metrics, Wharf};
 
@@ -47,15 +48,54 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
         stop.clone(),
     ));
     let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
-    let state = wharf_api::ApiState::new(read)
+    let sessions = wharf
+        .start_sessions(&config)
+        .context("starting the MQTT sessions")?;
+    let mut state = wharf_api::ApiState::new(read)
         .with_queue(wharf.queue().clone())
         .with_metrics(wharf.metrics().clone())
         .scrape_timeout(config.http.metrics_timeout);
+    if !sessions.is_empty() {
+        let watches: Vec<_> = sessions.iter().map(|s| s.watch()).collect();
+        state = state.with_sessions(move || {
+            watches
+                .iter()
+                .map(|w| live_session(&w.borrow()))
+                .collect::<Vec<_>>()
+        });
+    }
     wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
+    for session in sessions {
+        session.shutdown().await;
+    }
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A session runtime's status as the API reports it.
+fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
+    wharf_api::LiveSession {
+        name: status.name.clone(),
+        session_id: status.session_id.clone(),
+        identity: status.identity.clone(),
+        level: status.level.as_str().to_owned(),
+        ready: status.level.is_ready(),
+        reason: status.reason.clone(),
+        generation: status.generation,
+        pending_stale: status.pending_stale.clone(),
+        last_reconcile: status
+            .last_reconcile
+            .as_ref()
+            .map(|r| wharf_api::ReconcileReport {
+                converged: r.converged,
+                detail: r.detail.clone(),
+            }),
+        ingested: status.ingested,
+        held: status.held,
+        dropped_unmatched: status.dropped_unmatched,
+    }
 }
 
 /// Refuses to serve an existing SQLite file that `PRAGMA quick_check` finds damaged: a corrupt

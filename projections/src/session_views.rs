@@ -1,0 +1,145 @@
+//! Reading the managed-session projection: each durable session identity's exact history, as
+//! the listing API and `wharf sessions list/show` show it.
+
+use serde::Serialize;
+use wharf_store::{PgStore, SqliteStore, Store, StoreError};
+
+/// One filter that may exist at the broker for a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ManagedFilterView {
+    /// The exact filter string.
+    pub filter: String,
+    /// `seeded`, `remembered` (SUBSCRIBE sent or about to be), `granted` or `refused`.
+    pub state: String,
+    /// The QoS last requested (none for a seeded filter never subscribed by Wharf).
+    pub requested_qos: Option<i16>,
+    /// The QoS the broker granted, for `granted`.
+    pub granted_qos: Option<i16>,
+    /// The SUBACK reason code, for `refused`.
+    pub reason_code: Option<i16>,
+    /// The ledger position that first put it in the history.
+    pub since_position: i64,
+    /// The ledger position of its newest change.
+    pub updated_position: i64,
+}
+
+/// A session whose history is known (its baseline was seeded).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ManagedSessionView {
+    /// The durable session identity (`ms-...`).
+    pub session_id: String,
+    /// Who seeded the baseline (`cli`, `init`, `builder`, ...).
+    pub baseline_source: String,
+    /// Why the session requires a managed-filter migration, when it does (terminal).
+    pub migration_required: Option<String>,
+    /// The ledger position of its newest event.
+    pub last_position: i64,
+    /// Its history, by filter.
+    pub filters: Vec<ManagedFilterView>,
+}
+
+type SessionRow = (String, String, Option<String>, i64);
+type FilterRow = (
+    String,
+    String,
+    String,
+    Option<i16>,
+    Option<i16>,
+    Option<i16>,
+    i64,
+    i64,
+);
+
+/// Known sessions (one, or all), by id, each with its filters by filter string.
+pub async fn managed_sessions(
+    store: &Store,
+    session_id: Option<&str>,
+) -> Result<Vec<ManagedSessionView>, StoreError> {
+    let id = session_id.map(str::to_owned);
+    let (sessions, filters) = match store {
+        Store::Sqlite(s) => sqlite_rows(s, id).await?,
+        Store::Postgres(s) => pg_rows(s, id).await?,
+    };
+    let mut views: Vec<ManagedSessionView> = sessions
+        .into_iter()
+        .map(|(session_id, baseline_source, migration_required, last_position)| {
+            ManagedSessionView {
+                session_id,
+                baseline_source,
+                migration_required,
+                last_position,
+                filters: Vec::new(),
+            }
+        })
+        .collect();
+    for (session, filter, state, requested, granted, reason, since, updated) in filters {
+        if let Some(view) = views.iter_mut().find(|v| v.session_id == session) {
+            view.filters.push(ManagedFilterView {
+                filter,
+                state,
+                requested_qos: requested,
+                granted_qos: granted,
+                reason_code: reason,
+                since_position: since,
+                updated_position: updated,
+            });
+        }
+    }
+    Ok(views)
+}
+
+const SESSIONS_SQL: &str = "SELECT session_id, baseline_source, migration_required, last_position \
+     FROM managed_session WHERE {id} IS NULL OR session_id = {id} ORDER BY session_id";
+const FILTERS_SQL: &str = "SELECT session_id, filter, state, requested_qos, granted_qos, \
+     reason_code, since_position, updated_position FROM managed_filter \
+     WHERE {id} IS NULL OR session_id = {id} ORDER BY session_id, filter";
+
+async fn sqlite_rows(
+    store: &SqliteStore,
+    id: Option<String>,
+) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
+    store
+        .read(move |conn| {
+            let mut sessions = conn.prepare_cached(&SESSIONS_SQL.replace("{id}", "?1"))?;
+            let sessions = sessions
+                .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<Vec<SessionRow>, _>>()?;
+            let mut filters = conn.prepare_cached(&FILTERS_SQL.replace("{id}", "?1"))?;
+            let filters = filters
+                .query_map([&id], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                    ))
+                })?
+                .collect::<Result<Vec<FilterRow>, _>>()?;
+            Ok((sessions, filters))
+        })
+        .await
+}
+
+async fn pg_rows(
+    store: &PgStore,
+    id: Option<String>,
+) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
+    let mut tx = store.pool().begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let sessions: Vec<SessionRow> = sqlx::query_as(&SESSIONS_SQL.replace("{id}", "$1::text"))
+        .bind(&id)
+        .fetch_all(&mut *tx)
+        .await?;
+    let filters: Vec<FilterRow> = sqlx::query_as(&FILTERS_SQL.replace("{id}", "$1::text"))
+        .bind(&id)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok((sessions, filters))
+}

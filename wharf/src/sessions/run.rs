@@ -1,0 +1,577 @@
+//! One reconcile run: load the history, then drive the domain's [`Reconciler`] over one
+//! connection after another (a recycle opens the next one) until the run ends.
+//!
+//! The run is the only I/O around the machine: it feeds [`Input`]s with the time of a
+//! monotonic clock (tokio's, so tests can pause it) and carries out each [`Action`] in order.
+//! Ledger writes happen before the broker operations they protect (Remember before SUBSCRIBE,
+//! Forget only after a verified UNSUBACK and the recycle's watch window). Any failure ends the
+//! run; the next one starts again from the ledger, which is what makes a crash at any step
+//! safe. Acks go only to the connection that received the delivery, and only after the handler
+//! succeeded (the driver refuses any other ack).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use wharf_domain::session::{
+    subscription_id, Action, ExactFilter, FilterRecord, Input, Qos, ReconcileSettings, Reconciler,
+    SessionLevel, SubscribeOutcome,
+};
+use wharf_mqtt::{
+    ConnectOptions, Credentials, Deliveries, Delivery, DisconnectReason, QoS, Session,
+    SessionHandle, SubscribeReason,
+};
+
+use super::ingest::{to_log_message, MqttHandler, MqttMessage};
+use super::runtime::{ReconcileOutcome, RuntimeSettings, SessionStatus};
+use super::SessionLedger;
+use crate::config::ResolvedSession;
+
+/// How a run ended.
+pub(super) enum Outcome {
+    /// Shutdown was requested.
+    Stopped,
+    /// Migration required: stay down.
+    Terminal,
+    /// Start a new run after a backoff; `converged` when this one had reached Full.
+    Retry { reason: String, converged: bool },
+}
+
+/// One connection of a run.
+struct Connection {
+    handle: SessionHandle,
+    deliveries: Deliveries,
+}
+
+impl Connection {
+    fn generation(&self) -> u64 {
+        self.handle.generation().0
+    }
+}
+
+pub(super) struct Run<'a> {
+    session: &'a ResolvedSession,
+    settings: &'a RuntimeSettings,
+    ledger: &'a SessionLedger,
+    handler: &'a dyn MqttHandler,
+    status: &'a watch::Sender<SessionStatus>,
+    started: Instant,
+    inputs: VecDeque<Input>,
+    /// Deliveries the machine has not settled yet, by the run's id for them.
+    parked: BTreeMap<u64, Delivery>,
+    /// Deliveries dispatched and not yet handed to the handler, in order.
+    batch: Vec<(u64, Delivery)>,
+    next_id: u64,
+    converged: bool,
+}
+
+/// What carrying out one action asks of the loop.
+enum Step {
+    Continue,
+    End(Outcome),
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn new(
+        session: &'a ResolvedSession,
+        settings: &'a RuntimeSettings,
+        ledger: &'a SessionLedger,
+        handler: &'a dyn MqttHandler,
+        status: &'a watch::Sender<SessionStatus>,
+    ) -> Self {
+        Self {
+            session,
+            settings,
+            ledger,
+            handler,
+            status,
+            started: Instant::now(),
+            inputs: VecDeque::new(),
+            parked: BTreeMap::new(),
+            batch: Vec::new(),
+            next_id: 0,
+            converged: false,
+        }
+    }
+
+    fn retry(&self, reason: impl Into<String>) -> Outcome {
+        Outcome::Retry {
+            reason: reason.into(),
+            converged: self.converged,
+        }
+    }
+
+    /// Runs until shutdown, a terminal state, or a failure.
+    pub(super) async fn execute(mut self, stop: &mut watch::Receiver<bool>) -> Outcome {
+        let history = match self.load_history().await {
+            Ok(history) => history,
+            Err(outcome) => return outcome,
+        };
+        let settings = ReconcileSettings {
+            unmatched_grace: self.settings.unmatched_grace,
+        };
+        let mut machine = match Reconciler::new(self.session.desired(), history, settings) {
+            Ok(machine) => machine,
+            Err(e) => return self.retry(e.to_string()),
+        };
+        let mut connection = match self.connect().await {
+            Ok(connection) => connection,
+            Err(reason) => return self.retry(reason),
+        };
+        loop {
+            if let Step::End(outcome) = self.drain(&mut machine, &mut connection).await {
+                disconnect(&connection, DisconnectReason::Normal).await;
+                return outcome;
+            }
+            self.publish_machine(&machine);
+            let deadline = machine
+                .next_deadline()
+                .map(|at| self.started + at)
+                .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600));
+            tokio::select! {
+                _ = stop.wait_for(|stopped| *stopped) => {
+                    disconnect(&connection, DisconnectReason::Normal).await;
+                    return Outcome::Stopped;
+                }
+                received = connection.deliveries.next() => match received {
+                    Ok(delivery) => self.receive(delivery, &mut connection),
+                    Err(cause) => {
+                        self.inputs.push_back(Input::Disconnected {
+                            generation: connection.generation(),
+                        });
+                        let _ = self.drain(&mut machine, &mut connection).await;
+                        return self.retry(format!("the connection ended: {cause}"));
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => self.inputs.push_back(Input::Tick),
+            }
+        }
+    }
+
+    /// The exact history, loaded strongly; an unknown history or a store failure ends the run
+    /// before anything connects. Ephemeral sessions keep nothing at the broker: empty.
+    async fn load_history(&self) -> Result<BTreeMap<ExactFilter, FilterRecord>, Outcome> {
+        if !self.session.is_durable() {
+            return Ok(BTreeMap::new());
+        }
+        let id = self.session.identity.id();
+        let loaded = tokio::time::timeout(self.settings.store_deadline, self.ledger.load(id)).await;
+        let state = match loaded {
+            Ok(Ok(state)) => state,
+            Ok(Err(e)) => {
+                return Err(self.retry(format!(
+                    "cannot load the managed-filter history ({e}); not connecting (fail closed)"
+                )))
+            }
+            Err(_) => {
+                return Err(self.retry(format!(
+                    "the store did not answer within {:?} loading the managed-filter history; \
+                     not connecting (fail closed)",
+                    self.settings.store_deadline
+                )))
+            }
+        };
+        if let Some(reason) = state.migration_required {
+            self.status.send_modify(|s| {
+                s.level = SessionLevel::MigrationRequired;
+                s.reason = Some(reason);
+            });
+            return Err(Outcome::Terminal);
+        }
+        state.history.ok_or_else(|| {
+            let name = &self.session.name;
+            self.retry(format!(
+                "the managed-filter history of {name} ({id}) is unknown: its broker session may \
+                 hold filters no one recorded. Seed it with `wharf sessions seed '{name}=FILTER,...'` \
+                 (the exact filters it holds) or `wharf sessions seed {name}` (explicitly empty, \
+                 only when it holds none); not connecting until then"
+            ))
+        })
+    }
+
+    async fn connect(&mut self) -> Result<Connection, String> {
+        let broker = &self.session.brokers[0];
+        let mut options = ConnectOptions::new(
+            broker.host.trim_matches(|c| c == '[' || c == ']'),
+            broker.port,
+            self.session.client_id.clone(),
+        );
+        options.clean_start = self.session.clean_start;
+        options.session_expiry = self.session.session_expiry_secs;
+        options.keep_alive = u16::try_from(self.session.keep_alive.as_secs()).unwrap_or(u16::MAX);
+        options.connect_timeout = self.settings.connect_timeout;
+        options.operation_timeout = self.settings.subscribe_timeout;
+        // The log keeps payloads of up to 8 MiB: the broker discards larger packets for us.
+        options.max_packet_size = 8 * 1024 * 1024 + 64 * 1024;
+        options.credentials = match (&self.session.username, &self.settings.password) {
+            (Some(user), Some(password)) => Some(Credentials::new(user.clone(), password.clone())),
+            (Some(user), None) => Some(Credentials::username_only(user.clone())),
+            (None, _) => None,
+        };
+        let (handle, deliveries) = Session::connect(options)
+            .await
+            .map_err(|e| format!("connecting to {} failed: {e}", broker.url()))?;
+        let generation = handle.generation().0;
+        self.inputs.push_back(Input::Connected {
+            generation,
+            session_present: handle.connack().session_present,
+        });
+        self.status.send_modify(|s| s.generation = Some(generation));
+        tracing::info!(
+            generation,
+            session_present = handle.connack().session_present,
+            "connected"
+        );
+        Ok(Connection { handle, deliveries })
+    }
+
+    /// Takes a delivery and whatever else is already waiting (up to a batch).
+    fn receive(&mut self, first: Delivery, connection: &mut Connection) {
+        self.park(first);
+        while self.parked.len() < self.settings.ingest_batch {
+            match connection.deliveries.next().now_or_never() {
+                Some(Ok(delivery)) => self.park(delivery),
+                _ => break,
+            }
+        }
+    }
+
+    fn park(&mut self, delivery: Delivery) {
+        self.next_id += 1;
+        self.inputs.push_back(Input::Delivery {
+            id: self.next_id,
+            generation: delivery.generation.0,
+            topic: delivery.topic.clone(),
+            dup: delivery.dup,
+            subscription_ids: delivery.properties.subscription_identifiers.clone(),
+        });
+        self.parked.insert(self.next_id, delivery);
+    }
+
+    /// Feeds every queued input and carries out what the machine answers, then hands the
+    /// dispatched batch to the handler.
+    async fn drain(&mut self, machine: &mut Reconciler, connection: &mut Connection) -> Step {
+        while let Some(input) = self.inputs.pop_front() {
+            let now = self.started.elapsed();
+            for action in machine.handle(input, now) {
+                if let Step::End(outcome) = self.carry_out(action, machine, connection).await {
+                    return Step::End(outcome);
+                }
+            }
+        }
+        self.flush(connection).await
+    }
+
+    async fn carry_out(
+        &mut self,
+        action: Action,
+        machine: &Reconciler,
+        connection: &mut Connection,
+    ) -> Step {
+        match action {
+            Action::Remember(filters) => self.remember(filters).await,
+            Action::Subscribe(filters) => self.subscribe(filters, connection).await,
+            Action::Unsubscribe(filters) => self.unsubscribe(filters, connection).await,
+            Action::Forget(filters) => self.forget(filters).await,
+            Action::Recycle => self.recycle(connection).await,
+            Action::Dispatch { id } => {
+                if let Some(delivery) = self.parked.remove(&id) {
+                    self.batch.push((id, delivery));
+                }
+                Step::Continue
+            }
+            Action::Hold { id } => {
+                if self.parked.contains_key(&id) {
+                    self.status.send_modify(|s| s.held += 1);
+                }
+                Step::Continue
+            }
+            Action::AckUnmatched { id } => {
+                if let Some(delivery) = self.parked.remove(&id) {
+                    tracing::warn!(topic = %delivery.topic,
+                        "a delivery matched no filter past mqtt.unmatched_grace: acked and dropped");
+                    connection.handle.ack(&delivery).await;
+                    self.status.send_modify(|s| s.dropped_unmatched += 1);
+                }
+                Step::Continue
+            }
+            Action::Disconnect => {
+                disconnect(connection, DisconnectReason::Normal).await;
+                Step::Continue
+            }
+            Action::RequireMigration { reason, filters } => {
+                self.require_migration(reason, filters).await
+            }
+            Action::Failed { reason } => {
+                self.record_reconcile(false, &reason);
+                Step::End(self.retry(format!("the reconcile failed: {reason}")))
+            }
+            Action::Level(level) => {
+                self.on_level(level, machine);
+                Step::Continue
+            }
+        }
+    }
+
+    fn on_level(&mut self, level: SessionLevel, machine: &Reconciler) {
+        if level == SessionLevel::Full {
+            self.converged = true;
+            self.record_reconcile(true, "every desired filter granted; history equals desired");
+        }
+        let reason = match level {
+            SessionLevel::Full => None,
+            SessionLevel::Subscribed if !machine.pending_stale().is_empty() => {
+                Some("stale filters await removal".to_owned())
+            }
+            other => Some(format!("reconciling ({other})")),
+        };
+        tracing::info!(%level, "session level");
+        self.status.send_modify(|s| {
+            s.level = level;
+            s.reason = reason;
+        });
+    }
+
+    fn record_reconcile(&self, converged: bool, detail: &str) {
+        self.status.send_modify(|s| {
+            s.last_reconcile = Some(ReconcileOutcome {
+                converged,
+                detail: detail.to_owned(),
+            });
+        });
+    }
+
+    fn publish_machine(&self, machine: &Reconciler) {
+        let pending: Vec<String> = machine
+            .pending_stale()
+            .iter()
+            .map(|f| f.as_str().to_owned())
+            .collect();
+        self.status.send_if_modified(|s| {
+            let changed = s.pending_stale != pending;
+            s.pending_stale.clone_from(&pending);
+            changed
+        });
+    }
+
+    async fn ledger_call<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, crate::WharfError>>,
+    ) -> Result<T, Outcome> {
+        match tokio::time::timeout(self.settings.store_deadline, call).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(self.retry(format!("the ledger refused {what}: {e}"))),
+            Err(_) => Err(self.retry(format!(
+                "the store did not answer {what} within {:?}",
+                self.settings.store_deadline
+            ))),
+        }
+    }
+
+    async fn remember(&mut self, filters: Vec<(ExactFilter, Qos)>) -> Step {
+        if self.session.is_durable() {
+            let id = self.session.identity.id();
+            if let Err(outcome) = self
+                .ledger_call("Remember", self.ledger.remember(id, filters))
+                .await
+            {
+                return Step::End(outcome);
+            }
+        }
+        self.inputs.push_back(Input::Remembered);
+        Step::Continue
+    }
+
+    async fn subscribe(&mut self, filters: Vec<(ExactFilter, Qos)>, connection: &Connection) -> Step {
+        let handle = &connection.handle;
+        let with_ids = handle.connack().subscription_identifiers_available;
+        let answers: Vec<Option<SubscribeOutcome>> = if with_ids {
+            let requests = filters.iter().map(|(filter, qos)| async move {
+                let reasons = handle
+                    .subscribe(
+                        vec![(filter.as_str().to_owned(), to_mqtt(*qos))],
+                        Some(subscription_id(filter)),
+                    )
+                    .await;
+                reasons.ok().and_then(|r| r.first().copied()).map(to_outcome)
+            });
+            futures::future::join_all(requests).await
+        } else {
+            let all = filters
+                .iter()
+                .map(|(f, q)| (f.as_str().to_owned(), to_mqtt(*q)))
+                .collect();
+            let reasons = handle.subscribe(all, None).await.unwrap_or_default();
+            let mut answers: Vec<_> = reasons.into_iter().map(|r| Some(to_outcome(r))).collect();
+            answers.resize(filters.len(), None);
+            answers
+        };
+        let mut outcomes = Vec::new();
+        let mut recorded = Vec::new();
+        for ((filter, qos), answer) in filters.into_iter().zip(answers) {
+            if let Some(outcome) = answer {
+                recorded.push((filter.clone(), qos, outcome));
+                outcomes.push((filter, outcome));
+            }
+        }
+        if self.session.is_durable() && !recorded.is_empty() {
+            let id = self.session.identity.id();
+            if let Err(outcome) = self
+                .ledger_call("the SUBACK outcomes", self.ledger.record_suback(id, recorded))
+                .await
+            {
+                return Step::End(outcome);
+            }
+        }
+        self.inputs.push_back(Input::SubAck {
+            generation: connection.generation(),
+            outcomes,
+        });
+        Step::Continue
+    }
+
+    async fn unsubscribe(&mut self, filters: Vec<ExactFilter>, connection: &Connection) -> Step {
+        let strings = filters.iter().map(|f| f.as_str().to_owned()).collect();
+        let reasons = match connection.handle.unsubscribe(strings).await {
+            Ok(reasons) => reasons,
+            Err(e) => {
+                tracing::warn!(error = %e, "UNSUBSCRIBE failed; the filters stay in the history");
+                Vec::new()
+            }
+        };
+        let outcomes = filters
+            .into_iter()
+            .zip(reasons)
+            .map(|(filter, reason)| (filter, reason.code()))
+            .collect();
+        self.inputs.push_back(Input::UnsubAck {
+            generation: connection.generation(),
+            outcomes,
+        });
+        Step::Continue
+    }
+
+    async fn forget(&mut self, filters: Vec<(ExactFilter, u8)>) -> Step {
+        if self.session.is_durable() {
+            let id = self.session.identity.id();
+            if let Err(outcome) = self
+                .ledger_call("Forget", self.ledger.forget(id, filters))
+                .await
+            {
+                return Step::End(outcome);
+            }
+        }
+        self.inputs.push_back(Input::Forgotten);
+        Step::Continue
+    }
+
+    async fn recycle(&mut self, connection: &mut Connection) -> Step {
+        let old = connection.generation();
+        disconnect(connection, DisconnectReason::Normal).await;
+        // What the old connection delivered and nobody acked is the broker's to replay.
+        self.parked.clear();
+        self.batch.clear();
+        self.inputs.push_back(Input::Disconnected { generation: old });
+        match self.connect().await {
+            Ok(next) => {
+                *connection = next;
+                Step::Continue
+            }
+            Err(reason) => Step::End(self.retry(reason)),
+        }
+    }
+
+    async fn require_migration(&mut self, reason: String, filters: Vec<ExactFilter>) -> Step {
+        let id = self.session.identity.id();
+        let written = self
+            .ledger_call(
+                "MigrationRequired",
+                self.ledger.require_migration(id, reason.clone(), filters),
+            )
+            .await;
+        self.status.send_modify(|s| {
+            s.level = SessionLevel::MigrationRequired;
+            s.reason = Some(reason.clone());
+        });
+        match written {
+            Ok(_) => Step::End(Outcome::Terminal),
+            // Not recorded: the next run sees the same replay again and decides the same.
+            Err(outcome) => Step::End(outcome),
+        }
+    }
+
+    /// Hands the dispatched batch to the handler, then acks each delivery on its connection.
+    async fn flush(&mut self, connection: &Connection) -> Step {
+        if self.batch.is_empty() {
+            return Step::Continue;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let mut messages = Vec::with_capacity(batch.len());
+        for (_, delivery) in &batch {
+            let Some(log_topic) = self.log_topic(&delivery.topic) else {
+                continue;
+            };
+            match to_log_message(delivery) {
+                Ok(message) => messages.push(MqttMessage { log_topic, message }),
+                Err(e) => {
+                    return Step::End(self.retry(format!(
+                        "a delivery on {} cannot be stored in the log ({e}); it stays unacked",
+                        delivery.topic
+                    )))
+                }
+            }
+        }
+        if let Err(e) = self.handler.handle(&messages).await {
+            return Step::End(self.retry(format!(
+                "the handler failed ({e}); {} deliveries stay unacked for the broker to replay",
+                batch.len()
+            )));
+        }
+        for (_, delivery) in &batch {
+            connection.handle.ack(delivery).await;
+        }
+        let count = batch.len() as u64;
+        self.status.send_modify(|s| s.ingested += count);
+        Step::Continue
+    }
+
+    /// The log topic of the first desired subscription whose filter matches `topic`.
+    fn log_topic(&self, topic: &str) -> Option<wharf_domain::TopicName> {
+        self.session
+            .subscriptions
+            .iter()
+            .find(|(filter, _, _)| filter.matches(topic))
+            .map(|(_, _, log_topic)| log_topic.clone())
+    }
+}
+
+async fn disconnect(connection: &Connection, reason: DisconnectReason) {
+    if connection.handle.disconnected().is_none() {
+        let _ = connection.handle.disconnect(reason).await;
+    }
+}
+
+fn to_mqtt(qos: Qos) -> QoS {
+    match qos {
+        Qos::AtMostOnce => QoS::AtMostOnce,
+        Qos::AtLeastOnce => QoS::AtLeastOnce,
+        Qos::ExactlyOnce => QoS::ExactlyOnce,
+    }
+}
+
+fn to_outcome(reason: SubscribeReason) -> SubscribeOutcome {
+    match reason.granted() {
+        Some(qos) => SubscribeOutcome::Granted {
+            qos: match qos {
+                QoS::AtMostOnce => Qos::AtMostOnce,
+                QoS::AtLeastOnce => Qos::AtLeastOnce,
+                QoS::ExactlyOnce => Qos::ExactlyOnce,
+            },
+        },
+        None => SubscribeOutcome::Refused {
+            reason_code: reason.code(),
+        },
+    }
+}

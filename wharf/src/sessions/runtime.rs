@@ -1,0 +1,180 @@
+//! A managed session's runtime: supervision around one reconcile run at a time.
+//!
+//! Each run loads the exact history strongly from the ledger before it connects (fail closed:
+//! an unknown history or a store error never connects), builds the domain's [`Reconciler`],
+//! and drives it over one connection after another (`run.rs`). A run that fails (a refused
+//! SUBACK, a lost connection, a failed ledger write, a failed handler) ends; supervision waits
+//! with a capped exponential backoff (1s doubling to 30s) and starts a new run from the ledger.
+//! A migration-required session stops for good (terminal) until an operator intervenes.
+//!
+//! The status (level, why it is below Full, the last reconcile outcome) is published on a
+//! watch channel for readiness, the REST API and tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use wharf_domain::session::SessionLevel;
+
+use super::ingest::MqttHandler;
+use super::run::{Outcome, Run};
+use super::SessionLedger;
+use crate::config::ResolvedSession;
+
+/// What a session runtime needs beside its session.
+#[derive(Clone)]
+pub struct RuntimeSettings {
+    /// `mqtt.unmatched_grace`.
+    pub unmatched_grace: Duration,
+    /// `mqtt.connect_timeout`.
+    pub connect_timeout: Duration,
+    /// `mqtt.subscribe_timeout`.
+    pub subscribe_timeout: Duration,
+    /// `mqtt.ingest_batch`.
+    pub ingest_batch: usize,
+    /// The password, resolved from the configuration (never logged).
+    pub password: Option<String>,
+    /// The first retry's wait; doubled per failed run up to `retry_cap`.
+    pub retry_base: Duration,
+    /// The longest wait between runs.
+    pub retry_cap: Duration,
+    /// The deadline of every ledger call (a store that does not answer fails the run).
+    pub store_deadline: Duration,
+}
+
+/// The outcome of the newest reconcile attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReconcileOutcome {
+    /// True once every desired filter was granted and the history matched.
+    pub converged: bool,
+    /// What happened, for people.
+    pub detail: String,
+}
+
+/// A session's state as its runtime reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionStatus {
+    /// The session's configured name.
+    pub name: String,
+    /// Its durable identity.
+    pub session_id: String,
+    /// The identity, for people (no credentials).
+    pub identity: String,
+    /// The readiness level; only `full` is ready.
+    pub level: SessionLevel,
+    /// Why it is below Full, when it is.
+    pub reason: Option<String>,
+    /// The newest connection's generation.
+    pub generation: Option<u64>,
+    /// History filters not desired, awaiting removal.
+    pub pending_stale: Vec<String>,
+    /// The newest reconcile attempt's outcome.
+    pub last_reconcile: Option<ReconcileOutcome>,
+    /// Messages handed to the handler and acked to the broker after it succeeded.
+    pub ingested: u64,
+    /// Deliveries held unacked (coverage-protected or replays after a removal).
+    pub held: u64,
+    /// Deliveries that matched no filter and were acked and dropped past `unmatched_grace`.
+    pub dropped_unmatched: u64,
+}
+
+/// A running session; dropping it does not stop it: call [`SessionRuntime::shutdown`].
+pub struct SessionRuntime {
+    status: watch::Receiver<SessionStatus>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl SessionRuntime {
+    /// Starts supervising `session`.
+    pub fn start(
+        session: ResolvedSession,
+        settings: RuntimeSettings,
+        ledger: SessionLedger,
+        handler: Arc<dyn MqttHandler>,
+    ) -> Self {
+        let initial = SessionStatus {
+            name: session.name.clone(),
+            session_id: session.identity.id().to_owned(),
+            identity: session.identity.describe(),
+            level: SessionLevel::Starting,
+            reason: Some("starting".to_owned()),
+            generation: None,
+            pending_stale: Vec::new(),
+            last_reconcile: None,
+            ingested: 0,
+            held: 0,
+            dropped_unmatched: 0,
+        };
+        let (status_tx, status) = watch::channel(initial);
+        let (stop, stop_rx) = watch::channel(false);
+        let span = tracing::info_span!("mqtt_session", session = %session.name,
+            session_id = %session.identity.id());
+        let task = tokio::spawn(tracing::Instrument::instrument(
+            supervise(session, settings, ledger, handler, status_tx, stop_rx),
+            span,
+        ));
+        Self { status, stop, task }
+    }
+
+    /// The newest status.
+    pub fn status(&self) -> SessionStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver of every status change.
+    pub fn watch(&self) -> watch::Receiver<SessionStatus> {
+        self.status.clone()
+    }
+
+    /// Stops the session: disconnects (unacked deliveries stay with the broker) and waits.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn supervise(
+    session: ResolvedSession,
+    settings: RuntimeSettings,
+    ledger: SessionLedger,
+    handler: Arc<dyn MqttHandler>,
+    status: watch::Sender<SessionStatus>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut wait = settings.retry_base;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let run = Run::new(&session, &settings, &ledger, handler.as_ref(), &status);
+        match run.execute(&mut stop).await {
+            Outcome::Stopped => return,
+            Outcome::Terminal => {
+                tracing::error!(
+                    "the session requires a managed-filter migration; it stays disconnected \
+                     (see docs/runbooks/managed-filter-migration.md)"
+                );
+                let _ = stop.wait_for(|stopped| *stopped).await;
+                return;
+            }
+            Outcome::Retry { reason, converged } => {
+                if converged {
+                    wait = settings.retry_base;
+                }
+                tracing::warn!(%reason, retry_in = ?wait, "the session run ended; retrying");
+                status.send_modify(|s| {
+                    s.level = SessionLevel::Starting;
+                    s.reason = Some(reason);
+                });
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
+        wait = (wait * 2).min(settings.retry_cap);
+    }
+}
