@@ -28,5 +28,6 @@ pub use names::{AppVersion, DeclarerId, GroupName, TopicName};
 pub use session::{
     redact_url, Acknowledgement, CanonicalBroker, DurableSessionIdentity, ExactFilter,
     FilterRecord, IdentityInputs, ManagedFilterEvent, ManagedSession, ManagedSessionCommand,
-    ManagedSessionError, Qos, SessionMode, SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
+    ManagedSessionError, Plan, Qos, Reconciler, SessionLevel, SessionMode, SubscribeOutcome,
+    MANAGED_SESSION_AGGREGATE,
 };

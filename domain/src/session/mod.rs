@@ -4,6 +4,7 @@
 pub mod exact_filter;
 pub mod identity;
 pub mod ledger;
+pub mod reconcile;
 
 pub use exact_filter::{ExactFilter, Qos};
 pub use identity::{
@@ -13,4 +14,7 @@ pub use ledger::{
     event_types, is_removal_verified, Acknowledgement, FilterRecord, ManagedFilterEvent,
     ManagedSession, ManagedSessionCommand, ManagedSessionError, SubscribeOutcome,
     MANAGED_SESSION_AGGREGATE, UNSUBACK_NO_SUBSCRIPTION_EXISTED, UNSUBACK_SUCCESS,
+};
+pub use reconcile::{
+    plan, subscription_id, Action, Input, Now, Plan, ReconcileSettings, Reconciler, SessionLevel,
 };

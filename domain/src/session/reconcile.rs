@@ -1,0 +1,563 @@
+//! The reconcile state machine of a managed MQTT session: sans-IO and deterministic.
+//!
+//! The driver (the runtime) feeds [`Input`]s (connection events, SUBACK/UNSUBACK outcomes,
+//! ledger commits, deliveries, ticks) with the time it read from its monotonic clock, and does
+//! what the returned [`Action`]s say. The machine reads no clock and does no I/O, so every rule
+//! below is a unit test, and a crash is "drop the machine, rebuild it from the durable history".
+//!
+//! The rules (issue 9, points 5 to 7):
+//! 1. Every desired filter not yet in the history is **Remembered** (a ledger write) before any
+//!    SUBSCRIBE; the machine waits for [`Input::Remembered`], then **Subscribes all desired
+//!    filters on every connection**, whatever `session_present` says.
+//! 2. A SUBACK that refuses a filter, leaves one out, or grants a QoS below the requested one
+//!    **fails** the reconcile ([`Action::Failed`]): the history is kept, the level stays
+//!    `Connected`, and the machine waits for a new connection to retry. No per-filter quarantine.
+//! 3. All granted: `Subscribed`. The stale filters (history minus desired) are UNSUBSCRIBEd by
+//!    their exact strings. UNSUBACK reasons 0x00 and 0x11 verify a removal; any other reason,
+//!    or no reason at all, leaves the filter pending (durable, retried on a later connection).
+//! 4. If any stale filter was removed: [`Action::Recycle`] (reconnect) before normal dispatch.
+//!    The replacement connection subscribes the desired filters again and keeps the history
+//!    through one `unmatched_grace` window; then the verified filters are **Forgotten** (a ledger
+//!    write); after [`Input::Forgotten`] the machine unsubscribes any still-pending stale
+//!    filters, or reaches `Full`.
+//! 5. A redelivery (`dup`) that came through a removed shared filter, on a connection opened
+//!    after the removal and before that filter's Forget was issued, is never acked nor dropped:
+//!    [`Action::Hold`], [`Action::Disconnect`], [`Action::RequireMigration`]; the machine is then
+//!    terminal (`MigrationRequired`, history kept).
+//!
+//! Deliveries (each judged once, in arrival order, re-judged while undecided):
+//! - matching a desired filter: [`Action::Dispatch`] once subscribed on that connection, and,
+//!   on a connection that has not been recycled, only when no stale filter awaits removal;
+//!   until then it waits (and is redelivered by the broker if the connection ends first);
+//! - matching a stale history filter (pending, or removed but not yet forgotten) and no desired
+//!   filter: **coverage-protected**, [`Action::Hold`]: never acked on this connection, however
+//!   long it stays, so the broker redelivers it after a reconnect;
+//! - matching nothing at all: waits `unmatched_grace` from its arrival, then
+//!   [`Action::AckUnmatched`] (acked and dropped: no handler wants it and no filter that might
+//!   still exist covers it). If its connection ends first it is simply forgotten.
+//!
+//! Which filter a delivery came through: the filters whose [`subscription_id`] the delivery
+//! carries and whose topic filter matches its topic; when it carries none of those, every filter
+//! whose topic filter matches its topic. Inputs of another generation than the current
+//! connection's are never acted on; [`Reconciler::ignored_inputs`] counts them.
+
+mod deliveries;
+mod io;
+mod plan;
+
+pub use io::{Action, Input, SessionLevel};
+pub use plan::{plan, subscription_id, Plan};
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::exact_filter::{ExactFilter, Qos};
+use super::ledger::{is_removal_verified, FilterRecord, SubscribeOutcome};
+use crate::error::ValidationError;
+use deliveries::Parked;
+use plan::to_remember;
+
+/// A point in time: how long since an arbitrary epoch the driver chose (its monotonic clock).
+pub type Now = Duration;
+
+/// The machine's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcileSettings {
+    /// How long a delivery matching nothing waits before it is acked and dropped, and how long
+    /// a replacement connection is watched before removed filters are forgotten.
+    pub unmatched_grace: Duration,
+}
+
+/// Where the current connection is in its reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    AwaitRemember,
+    AwaitSubAck,
+    SubscribeFailed,
+    AwaitUnsubAck,
+    Recycling,
+    Verifying { until: Now },
+    AwaitForget,
+    Settled,
+}
+
+/// A removal an UNSUBACK verified in this process, not yet forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Removal {
+    reason_code: u8,
+    generation: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Connection {
+    generation: u64,
+    stage: Stage,
+    subscribed: bool,
+    /// Opened while verified removals awaited their Forget: deliveries may dispatch here.
+    replacement: bool,
+    unsubscribe_attempted: bool,
+    unsubscribing: Vec<ExactFilter>,
+    parked: BTreeMap<u64, Parked>,
+}
+
+/// The reconcile state machine of one managed session. See the module docs for the rules.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    desired: BTreeMap<ExactFilter, Qos>,
+    history: BTreeMap<ExactFilter, FilterRecord>,
+    settings: ReconcileSettings,
+    remember_outstanding: Option<Vec<(ExactFilter, Qos)>>,
+    forget_outstanding: Option<Vec<(ExactFilter, u8)>>,
+    removed: BTreeMap<ExactFilter, Removal>,
+    connection: Option<Connection>,
+    last_generation: Option<u64>,
+    level: SessionLevel,
+    terminal: Option<String>,
+    last_failure: Option<String>,
+    ignored_inputs: u64,
+    /// The newest time any input brought (never moves back).
+    now: Now,
+}
+
+impl Reconciler {
+    /// A machine for `desired` against the known `history` (the ledger's, never unknown).
+    /// Refuses a filter desired at two QoS levels, naming it.
+    pub fn new(
+        desired: Vec<(ExactFilter, Qos)>,
+        history: BTreeMap<ExactFilter, FilterRecord>,
+        settings: ReconcileSettings,
+    ) -> Result<Self, ValidationError> {
+        let mut merged = BTreeMap::new();
+        for (filter, qos) in desired {
+            if let Some(first) = merged.insert(filter.clone(), qos) {
+                if first != qos {
+                    return Err(ValidationError::new(
+                        "subscriptions",
+                        filter.as_str(),
+                        &format!("the filter is desired at QoS {first} and at QoS {qos}"),
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            desired: merged,
+            history,
+            settings,
+            remember_outstanding: None,
+            forget_outstanding: None,
+            removed: BTreeMap::new(),
+            connection: None,
+            last_generation: None,
+            level: SessionLevel::Starting,
+            terminal: None,
+            last_failure: None,
+            ignored_inputs: 0,
+            now: Duration::ZERO,
+        })
+    }
+
+    /// The current level.
+    pub fn level(&self) -> SessionLevel {
+        self.level
+    }
+
+    /// The history as the machine knows it (its Remember/Forget commits applied).
+    pub fn history(&self) -> &BTreeMap<ExactFilter, FilterRecord> {
+        &self.history
+    }
+
+    /// History filters not desired: awaiting removal (including verified ones not forgotten).
+    pub fn pending_stale(&self) -> Vec<ExactFilter> {
+        self.stale().cloned().collect()
+    }
+
+    /// The plan from the current history.
+    pub fn plan(&self) -> Plan {
+        let desired: Vec<_> = self.desired.iter().map(|(f, q)| (f.clone(), *q)).collect();
+        plan(&desired, &self.history)
+    }
+
+    /// Why the last reconcile attempt failed, or the migration reason once terminal.
+    pub fn last_failure(&self) -> Option<&str> {
+        self.terminal.as_deref().or(self.last_failure.as_deref())
+    }
+
+    /// How many inputs were ignored: another generation's, or no longer expected.
+    pub fn ignored_inputs(&self) -> u64 {
+        self.ignored_inputs
+    }
+
+    /// The earliest time a [`Input::Tick`] would change something, if any.
+    pub fn next_deadline(&self) -> Option<Now> {
+        let connection = self.connection.as_ref()?;
+        let window = match connection.stage {
+            Stage::Verifying { until } => Some(until),
+            _ => None,
+        };
+        let grace = connection
+            .parked
+            .values()
+            .map(|p| p.arrived + self.settings.unmatched_grace)
+            .min();
+        window.into_iter().chain(grace).min()
+    }
+
+    /// Feeds one input at time `now`; returns what to do, in order.
+    pub fn handle(&mut self, input: Input, now: Now) -> Vec<Action> {
+        self.now = self.now.max(now);
+        let mut actions = Vec::new();
+        match input {
+            Input::Connected { generation, .. } => self.on_connected(generation, &mut actions),
+            Input::Remembered => self.on_remembered(&mut actions),
+            Input::SubAck {
+                generation,
+                outcomes,
+            } => self.on_suback(generation, outcomes, &mut actions),
+            Input::UnsubAck {
+                generation,
+                outcomes,
+            } => self.on_unsuback(generation, outcomes, &mut actions),
+            Input::Forgotten => self.on_forgotten(&mut actions),
+            Input::Disconnected { generation } => self.on_disconnected(generation, &mut actions),
+            Input::Delivery {
+                id,
+                generation,
+                topic,
+                dup,
+                subscription_ids,
+            } => self.on_delivery(id, generation, topic, dup, subscription_ids),
+            Input::Tick => {}
+        }
+        self.on_time(&mut actions);
+        self.judge_parked(&mut actions);
+        actions
+    }
+
+    fn stale(&self) -> impl Iterator<Item = &ExactFilter> {
+        self.history
+            .keys()
+            .filter(|f| !self.desired.contains_key(*f))
+    }
+
+    fn set_level(&mut self, level: SessionLevel, actions: &mut Vec<Action>) {
+        if self.level != level && self.level != SessionLevel::MigrationRequired {
+            self.level = level;
+            actions.push(Action::Level(level));
+        }
+    }
+
+    fn current(&mut self, generation: u64) -> Option<&mut Connection> {
+        match self.connection.as_mut() {
+            Some(c) if c.generation == generation => Some(c),
+            _ => {
+                self.ignored_inputs += 1;
+                None
+            }
+        }
+    }
+
+    fn on_connected(&mut self, generation: u64, actions: &mut Vec<Action>) {
+        if self.last_generation.is_some_and(|last| generation <= last) {
+            self.ignored_inputs += 1;
+            return;
+        }
+        self.last_generation = Some(generation);
+        if self.terminal.is_some() {
+            actions.push(Action::Disconnect);
+            return;
+        }
+        self.connection = Some(Connection {
+            generation,
+            stage: Stage::AwaitRemember,
+            subscribed: false,
+            replacement: !self.removed.is_empty(),
+            unsubscribe_attempted: false,
+            unsubscribing: Vec::new(),
+            parked: BTreeMap::new(),
+        });
+        self.set_level(SessionLevel::Connected, actions);
+        self.remember_or_subscribe(actions);
+    }
+
+    fn remember_or_subscribe(&mut self, actions: &mut Vec<Action>) {
+        if self.remember_outstanding.is_some() {
+            return;
+        }
+        let remember = to_remember(&self.desired, &self.history);
+        if !remember.is_empty() {
+            self.remember_outstanding = Some(remember.clone());
+            actions.push(Action::Remember(remember));
+            return;
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        if self.desired.is_empty() {
+            connection.stage = Stage::AwaitSubAck;
+            self.subscribed(actions);
+            return;
+        }
+        connection.stage = Stage::AwaitSubAck;
+        let all = self.desired.iter().map(|(f, q)| (f.clone(), *q)).collect();
+        actions.push(Action::Subscribe(all));
+    }
+
+    fn on_remembered(&mut self, actions: &mut Vec<Action>) {
+        let Some(remembered) = self.remember_outstanding.take() else {
+            self.ignored_inputs += 1;
+            return;
+        };
+        for (filter, qos) in remembered {
+            self.history.entry(filter).or_default().qos = Some(qos);
+        }
+        let waiting = self
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.stage == Stage::AwaitRemember);
+        if waiting && self.terminal.is_none() {
+            self.remember_or_subscribe(actions);
+        }
+    }
+
+    fn on_suback(
+        &mut self,
+        generation: u64,
+        outcomes: Vec<(ExactFilter, SubscribeOutcome)>,
+        actions: &mut Vec<Action>,
+    ) {
+        let terminal = self.terminal.is_some();
+        let Some(connection) = self.current(generation) else {
+            return;
+        };
+        if connection.stage != Stage::AwaitSubAck || terminal {
+            self.ignored_inputs += 1;
+            return;
+        }
+        let answered: BTreeMap<ExactFilter, SubscribeOutcome> = outcomes.into_iter().collect();
+        let problems = suback_problems(&self.desired, &answered);
+        if problems.is_empty() {
+            self.subscribed(actions);
+            return;
+        }
+        let reason = format!("subscribe failed: {}", join_limited(&problems));
+        if let Some(connection) = self.connection.as_mut() {
+            connection.stage = Stage::SubscribeFailed;
+        }
+        self.last_failure = Some(reason.clone());
+        actions.push(Action::Failed { reason });
+    }
+
+    /// Every desired filter granted on the current connection.
+    fn subscribed(&mut self, actions: &mut Vec<Action>) {
+        if let Some(connection) = self.connection.as_mut() {
+            connection.subscribed = true;
+        }
+        self.set_level(SessionLevel::Subscribed, actions);
+        self.after_subscribed(actions);
+    }
+
+    fn after_subscribed(&mut self, actions: &mut Vec<Action>) {
+        let now = self.now;
+        let forget_outstanding = self.forget_outstanding.is_some();
+        let grace = self.settings.unmatched_grace;
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        if forget_outstanding {
+            connection.stage = Stage::AwaitForget;
+            return;
+        }
+        if connection.replacement && !self.removed.is_empty() {
+            connection.stage = Stage::Verifying {
+                until: now.saturating_add(grace),
+            };
+            return;
+        }
+        self.unsubscribe_or_settle(actions);
+    }
+
+    fn unsubscribe_or_settle(&mut self, actions: &mut Vec<Action>) {
+        let pending: Vec<ExactFilter> = self
+            .stale()
+            .filter(|f| !self.removed.contains_key(*f))
+            .cloned()
+            .collect();
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        if !pending.is_empty() && !connection.unsubscribe_attempted {
+            connection.unsubscribe_attempted = true;
+            connection.unsubscribing = pending.clone();
+            connection.stage = Stage::AwaitUnsubAck;
+            actions.push(Action::Unsubscribe(pending));
+            return;
+        }
+        connection.stage = Stage::Settled;
+        if pending.is_empty() && self.removed.is_empty() {
+            self.last_failure = None;
+            self.set_level(SessionLevel::Full, actions);
+        } else {
+            let reason = format!(
+                "unsubscribe not verified for {}; kept in history for a retry",
+                join_limited(&pending.iter().map(quoted).collect::<Vec<_>>())
+            );
+            self.last_failure = Some(reason.clone());
+            actions.push(Action::Failed { reason });
+        }
+    }
+
+    fn on_unsuback(
+        &mut self,
+        generation: u64,
+        outcomes: Vec<(ExactFilter, u8)>,
+        actions: &mut Vec<Action>,
+    ) {
+        let terminal = self.terminal.is_some();
+        let Some(connection) = self.current(generation) else {
+            return;
+        };
+        if connection.stage != Stage::AwaitUnsubAck || terminal {
+            self.ignored_inputs += 1;
+            return;
+        }
+        let requested = std::mem::take(&mut connection.unsubscribing);
+        let answered: BTreeMap<ExactFilter, u8> = outcomes.into_iter().collect();
+        let mut newly_removed = false;
+        for filter in requested {
+            if let Some(&reason_code) = answered.get(&filter) {
+                if is_removal_verified(reason_code) {
+                    let removal = Removal {
+                        reason_code,
+                        generation,
+                    };
+                    self.removed.insert(filter, removal);
+                    newly_removed = true;
+                }
+            }
+        }
+        if newly_removed {
+            if let Some(connection) = self.connection.as_mut() {
+                connection.stage = Stage::Recycling;
+            }
+            actions.push(Action::Recycle);
+        } else {
+            self.unsubscribe_or_settle(actions);
+        }
+    }
+
+    /// Ends a verification window whose time has come: Forget the verified removals.
+    fn on_time(&mut self, actions: &mut Vec<Action>) {
+        let now = self.now;
+        if self.terminal.is_some() {
+            return;
+        }
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        let Stage::Verifying { until } = connection.stage else {
+            return;
+        };
+        if now < until {
+            return;
+        }
+        connection.stage = Stage::AwaitForget;
+        let forget: Vec<(ExactFilter, u8)> = self
+            .removed
+            .iter()
+            .map(|(f, r)| (f.clone(), r.reason_code))
+            .collect();
+        self.forget_outstanding = Some(forget.clone());
+        actions.push(Action::Forget(forget));
+    }
+
+    fn on_forgotten(&mut self, actions: &mut Vec<Action>) {
+        let Some(forgotten) = self.forget_outstanding.take() else {
+            self.ignored_inputs += 1;
+            return;
+        };
+        for (filter, _) in forgotten {
+            self.history.remove(&filter);
+            self.removed.remove(&filter);
+        }
+        let waiting = self
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.stage == Stage::AwaitForget);
+        if waiting && self.terminal.is_none() {
+            self.unsubscribe_or_settle(actions);
+        }
+    }
+
+    fn on_disconnected(&mut self, generation: u64, actions: &mut Vec<Action>) {
+        if self.current(generation).is_none() {
+            return;
+        }
+        // Undecided deliveries are not acked: the broker redelivers them.
+        self.connection = None;
+        self.set_level(SessionLevel::Starting, actions);
+    }
+
+    fn on_delivery(
+        &mut self,
+        id: u64,
+        generation: u64,
+        topic: String,
+        dup: bool,
+        subscription_ids: Vec<u32>,
+    ) {
+        let now = self.now;
+        let Some(connection) = self.current(generation) else {
+            return;
+        };
+        if connection.parked.contains_key(&id) {
+            self.ignored_inputs += 1;
+            return;
+        }
+        let parked = Parked {
+            topic,
+            dup,
+            subscription_ids,
+            arrived: now,
+        };
+        connection.parked.insert(id, parked);
+    }
+}
+
+/// What is wrong with a SUBACK for the desired filters: refused, downgraded or unanswered.
+fn suback_problems(
+    desired: &BTreeMap<ExactFilter, Qos>,
+    answered: &BTreeMap<ExactFilter, SubscribeOutcome>,
+) -> Vec<String> {
+    desired
+        .iter()
+        .filter_map(|(filter, requested)| match answered.get(filter) {
+            None => Some(format!("no SUBACK outcome for \"{filter}\"")),
+            Some(SubscribeOutcome::Refused { reason_code }) => Some(format!(
+                "\"{filter}\" refused with reason 0x{reason_code:02x}"
+            )),
+            Some(SubscribeOutcome::Granted { qos }) if qos < requested => Some(format!(
+                "\"{filter}\" granted QoS {qos}, below the requested {requested}"
+            )),
+            Some(SubscribeOutcome::Granted { .. }) => None,
+        })
+        .collect()
+}
+
+fn quoted(filter: &ExactFilter) -> String {
+    format!("\"{filter}\"")
+}
+
+/// Joins at most ten items, saying how many more there were.
+fn join_limited(items: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut text = items
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if items.len() > SHOWN {
+        text.push_str(&format!("; and {} more", items.len() - SHOWN));
+    }
+    text
+}

@@ -1,0 +1,71 @@
+//! The pure plan of a reconcile (`wharf sessions plan`) and the subscription identifiers Wharf
+//! sends with each filter.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::session::exact_filter::{ExactFilter, Qos};
+use crate::session::ledger::FilterRecord;
+
+/// What a reconcile would do from `history` to `desired`, for `wharf sessions plan`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Written to the ledger before any SUBSCRIBE (new filters, or a new QoS).
+    pub remember: Vec<(ExactFilter, Qos)>,
+    /// SUBSCRIBEd on every connection: all desired filters.
+    pub subscribe: Vec<(ExactFilter, Qos)>,
+    /// UNSUBSCRIBEd: history minus desired.
+    pub unsubscribe: Vec<ExactFilter>,
+    /// Forgotten once their UNSUBACK verified removal and a recycled connection was watched.
+    pub forget_after_verify: Vec<ExactFilter>,
+}
+
+/// The plan from `history` to `desired`. Pure; touches no broker. Duplicate desired entries
+/// keep their highest QoS.
+pub fn plan(desired: &[(ExactFilter, Qos)], history: &BTreeMap<ExactFilter, FilterRecord>) -> Plan {
+    let desired = merge_desired(desired);
+    let remember = to_remember(&desired, history);
+    let stale: Vec<ExactFilter> = history
+        .keys()
+        .filter(|f| !desired.contains_key(*f))
+        .cloned()
+        .collect();
+    Plan {
+        remember,
+        subscribe: desired.into_iter().collect(),
+        unsubscribe: stale.clone(),
+        forget_after_verify: stale,
+    }
+}
+
+/// The MQTT v5 subscription identifier Wharf sends with `filter`: a stable hash of the exact
+/// string into 1..=268435455. Stable across processes and versions, so a replay carrying it can
+/// be attributed even after a crash; two filters may share one (then both are candidates).
+pub fn subscription_id(filter: &ExactFilter) -> u32 {
+    const MAX_SUBSCRIPTION_ID: u32 = 268_435_455;
+    let digest = Sha256::digest(filter.as_str().as_bytes());
+    let word = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    word % MAX_SUBSCRIPTION_ID + 1
+}
+
+fn merge_desired(desired: &[(ExactFilter, Qos)]) -> BTreeMap<ExactFilter, Qos> {
+    let mut merged: BTreeMap<ExactFilter, Qos> = BTreeMap::new();
+    for (filter, qos) in desired {
+        let entry = merged.entry(filter.clone()).or_insert(*qos);
+        *entry = (*entry).max(*qos);
+    }
+    merged
+}
+
+pub(super) fn to_remember(
+    desired: &BTreeMap<ExactFilter, Qos>,
+    history: &BTreeMap<ExactFilter, FilterRecord>,
+) -> Vec<(ExactFilter, Qos)> {
+    desired
+        .iter()
+        .filter(|(f, q)| history.get(*f).and_then(|r| r.qos) != Some(**q))
+        .map(|(f, q)| (f.clone(), *q))
+        .collect()
+}
