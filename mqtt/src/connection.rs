@@ -82,19 +82,29 @@ async fn dispatch(
             Ok(())
         }
         Packet::SubAck(ack) => shared
-            .complete(ack.pkid, Kind::Subscribe, Reply::SubAck(ack.return_codes))
+            .complete(
+                ack.pkid,
+                Kind::Subscribe,
+                Reply::Subscribed(ack.return_codes),
+            )
             .map_err(unmatched),
         Packet::UnsubAck(ack) => shared
-            .complete(ack.pkid, Kind::Unsubscribe, Reply::UnsubAck(ack.reasons))
+            .complete(
+                ack.pkid,
+                Kind::Unsubscribe,
+                Reply::Unsubscribed(ack.reasons),
+            )
             .map_err(unmatched),
         Packet::PubAck(ack) => shared
-            .complete(ack.pkid, Kind::Publish, Reply::PubAck(ack.reason))
+            .complete(ack.pkid, Kind::Publish, Reply::Published(ack.reason))
             .map_err(unmatched),
         Packet::PubRel(release) => {
             // Also for a PUBREL replayed from an earlier connection (rumqttc #664): the PUBREC
             // went out then, so the message was handed over; completing is all that is left.
             let complete = Packet::PubComp(PubComp::new(release.pkid, None));
-            send(shared, complete).await
+            send(shared, complete).await?;
+            shared.count_release();
+            Ok(())
         }
         Packet::PingResp(_) => {
             shared.set_ping_sent(None);
@@ -157,7 +167,7 @@ fn properties(properties: rumqttc::v5::mqttbytes::v5::PublishProperties) -> Deli
 async fn send(shared: &Shared, packet: Packet) -> Result<(), DisconnectCause> {
     shared
         .outbound
-        .send(Outbound::Packet(packet))
+        .send(Outbound::Packet(Box::new(packet)))
         .await
         .map_err(|_| shared.cause().unwrap_or(DisconnectCause::HandleDropped))
 }

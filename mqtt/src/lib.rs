@@ -14,6 +14,7 @@
 //!   generation) and decides what to re-subscribe.
 
 mod codec;
+mod connect;
 mod connection;
 mod delivery;
 mod error;
@@ -23,8 +24,9 @@ mod reason;
 mod session;
 mod shared;
 
+pub use connect::{ConnAckInfo, Session};
 pub use delivery::{Deliveries, Delivery, DeliveryProperties, Generation};
 pub use error::{DisconnectCause, MqttError};
 pub use options::{ConnectOptions, Credentials};
 pub use reason::{DisconnectReason, QoS, ReasonCode, SubscribeReason, UnsubscribeReason};
-pub use session::{AckOutcome, ConnAckInfo, Session, SessionHandle};
+pub use session::{AckOutcome, SessionHandle};

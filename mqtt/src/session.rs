@@ -1,109 +1,26 @@
-//! Opening a connection (CONNECT/CONNACK over TCP) and the handle that drives it: SUBSCRIBE and
-//! UNSUBSCRIBE with per-filter reason codes, QoS 0/1 publish, manual acks fenced by generation,
-//! and DISCONNECT.
+//! The handle that drives one connection: SUBSCRIBE and UNSUBSCRIBE with per-filter reason
+//! codes, QoS 0/1 publish, manual acks fenced by generation, and DISCONNECT.
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{
-    ConnAck, Connect, ConnectProperties, ConnectReturnCode, Filter, Login, Packet, PubAck, PubRec,
-    Publish, Subscribe, SubscribeProperties, Unsubscribe,
+    Filter, Packet, PubAck, PubRec, Publish, Subscribe, SubscribeProperties, Unsubscribe,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::timeout;
 
-use crate::codec::{disconnect_bytes, read_packet};
-use crate::connection::{run_reader, run_writer};
-use crate::delivery::{Deliveries, Delivery, Generation};
+use crate::codec::disconnect_bytes;
+use crate::connect::ConnAckInfo;
+use crate::delivery::{Delivery, Generation};
 use crate::error::{DisconnectCause, MqttError};
-use crate::options::ConnectOptions;
 use crate::reason::{
-    connect_reason, disconnect_reason, puback_reason, DisconnectReason, QoS, SubscribeReason,
-    UnsubscribeReason,
+    disconnect_reason, puback_reason, DisconnectReason, QoS, SubscribeReason, UnsubscribeReason,
 };
-use crate::shared::{Kind, Limits, Outbound, Reply, Shared, TakeFailure};
+use crate::shared::{Kind, Outbound, Reply, Shared, TakeFailure};
 
 /// The largest Subscription Identifier (a variable byte integer).
 const MAX_SUBSCRIPTION_ID: u32 = 268_435_455;
-/// Packets queued towards the writer.
-const OUTBOUND_QUEUE: usize = 1024;
-
-/// What the broker said in CONNACK.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnAckInfo {
-    /// The broker resumed a session it held for this client id.
-    pub session_present: bool,
-    /// How many of our QoS 1/2 publishes (and, here, any request with a packet id) may be
-    /// unacknowledged at once (65535 when the broker does not say).
-    pub receive_maximum: u16,
-    /// The highest QoS the broker accepts (2 when it does not say).
-    pub maximum_qos: QoS,
-    /// The session expiry in force: the broker's if it sent one, else ours.
-    pub session_expiry: u32,
-    /// The keep alive in force: the broker's Server Keep Alive if sent, else ours.
-    pub keep_alive: u16,
-    /// The broker's Maximum Packet Size, if it has one.
-    pub max_packet_size: Option<u32>,
-    /// The client id the broker assigned, when we sent an empty one.
-    pub assigned_client_id: Option<String>,
-    /// Whether the broker accepts `$share/` filters.
-    pub shared_subscriptions_available: bool,
-    /// Whether the broker accepts Subscription Identifiers.
-    pub subscription_identifiers_available: bool,
-}
-
-impl ConnAckInfo {
-    fn new(ack: &ConnAck, options: &ConnectOptions) -> ConnAckInfo {
-        let properties = ack.properties.clone().unwrap_or_default_props();
-        ConnAckInfo {
-            session_present: ack.session_present,
-            receive_maximum: properties.receive_max.unwrap_or(u16::MAX).max(1),
-            maximum_qos: properties
-                .max_qos
-                .and_then(QoS::from_level)
-                .unwrap_or(QoS::ExactlyOnce),
-            session_expiry: properties
-                .session_expiry_interval
-                .unwrap_or(options.session_expiry),
-            keep_alive: properties.server_keep_alive.unwrap_or(options.keep_alive),
-            max_packet_size: properties.max_packet_size,
-            assigned_client_id: properties.assigned_client_identifier,
-            shared_subscriptions_available: properties.shared_subscription_available != Some(0),
-            subscription_identifiers_available: properties.subscription_identifiers_available
-                != Some(0),
-        }
-    }
-}
-
-trait PropsOrDefault {
-    fn unwrap_or_default_props(self) -> rumqttc::v5::mqttbytes::v5::ConnAckProperties;
-}
-
-impl PropsOrDefault for Option<rumqttc::v5::mqttbytes::v5::ConnAckProperties> {
-    fn unwrap_or_default_props(self) -> rumqttc::v5::mqttbytes::v5::ConnAckProperties {
-        self.unwrap_or(rumqttc::v5::mqttbytes::v5::ConnAckProperties {
-            session_expiry_interval: None,
-            receive_max: None,
-            max_qos: None,
-            retain_available: None,
-            max_packet_size: None,
-            assigned_client_identifier: None,
-            topic_alias_max: None,
-            reason_string: None,
-            user_properties: Vec::new(),
-            wildcard_subscription_available: None,
-            subscription_identifiers_available: None,
-            shared_subscription_available: None,
-            server_keep_alive: None,
-            response_information: None,
-            server_reference: None,
-            authentication_method: None,
-            authentication_data: None,
-        })
-    }
-}
 
 /// What `SessionHandle::ack` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,140 +35,6 @@ pub enum AckOutcome {
     AlreadyAcked,
     /// QoS 0 has no acknowledgement: nothing was sent.
     NotRequired,
-}
-
-/// Opens MQTT v5 sessions.
-pub struct Session;
-
-impl Session {
-    /// Connects, sends CONNECT and waits for CONNACK, all within `connect_timeout`. Each call is
-    /// a new generation.
-    pub async fn connect(
-        options: ConnectOptions,
-    ) -> Result<(SessionHandle, Deliveries), MqttError> {
-        options.validate()?;
-        let address = options.address();
-        let (stream, connack, leftover) = timeout(options.connect_timeout, handshake(&options))
-            .await
-            .map_err(|_| MqttError::ConnectTimeout {
-                address: address.clone(),
-                after: options.connect_timeout,
-            })??;
-        if connack.code != ConnectReturnCode::Success {
-            return Err(MqttError::ConnectRefused {
-                address,
-                client_id: options.client_id.clone(),
-                reason: connect_reason(connack.code),
-            });
-        }
-        Ok(start(options, stream, &connack, leftover))
-    }
-}
-
-async fn handshake(options: &ConnectOptions) -> Result<(TcpStream, ConnAck, BytesMut), MqttError> {
-    let address = options.address();
-    let failed = |cause| MqttError::Handshake {
-        address: address.clone(),
-        cause,
-    };
-    let mut stream = TcpStream::connect(&address)
-        .await
-        .map_err(|source| MqttError::Connect {
-            address: address.clone(),
-            source,
-        })?;
-    stream
-        .set_nodelay(true)
-        .map_err(|error| failed(DisconnectCause::Io(error.to_string())))?;
-    // A fresh buffer: the codec patches CONNECT's flags at an offset from the buffer's start.
-    let mut out = BytesMut::new();
-    connect_packet(options)
-        .write(&mut out, None)
-        .map_err(|error| failed(DisconnectCause::Protocol(error.to_string())))?;
-    stream
-        .write_all(&out)
-        .await
-        .map_err(|error| failed(DisconnectCause::Io(error.to_string())))?;
-    let mut buffer = BytesMut::with_capacity(8 * 1024);
-    loop {
-        match read_packet(&mut buffer, options.max_packet_size).map_err(failed)? {
-            Some(Packet::ConnAck(ack)) => return Ok((stream, ack, buffer)),
-            Some(Packet::Disconnect(disconnect)) => {
-                return Err(failed(DisconnectCause::BrokerDisconnect(
-                    disconnect_reason(disconnect.reason_code),
-                )))
-            }
-            Some(_) => {
-                return Err(failed(DisconnectCause::Protocol(
-                    "the broker's first packet is not CONNACK".to_string(),
-                )))
-            }
-            None => {}
-        }
-        match stream.read_buf(&mut buffer).await {
-            Ok(0) => return Err(failed(DisconnectCause::BrokerClosed)),
-            Ok(_) => {}
-            Err(error) => return Err(failed(DisconnectCause::Io(error.to_string()))),
-        }
-    }
-}
-
-fn connect_packet(options: &ConnectOptions) -> Packet {
-    let mut properties = ConnectProperties::new();
-    properties.session_expiry_interval = Some(options.session_expiry);
-    properties.receive_maximum = Some(options.receive_maximum);
-    properties.max_packet_size = Some(options.max_packet_size);
-    let login = options.credentials.as_ref().map(|credentials| {
-        Login::new(credentials.username(), credentials.password().unwrap_or(""))
-    });
-    let connect = Connect {
-        keep_alive: options.keep_alive,
-        client_id: options.client_id.clone(),
-        clean_start: options.clean_start,
-        properties: Some(properties),
-    };
-    Packet::Connect(connect, None, login)
-}
-
-fn start(
-    options: ConnectOptions,
-    stream: TcpStream,
-    connack: &ConnAck,
-    leftover: BytesMut,
-) -> (SessionHandle, Deliveries) {
-    let info = ConnAckInfo::new(connack, &options);
-    let limits = Limits {
-        broker_max_packet: info.max_packet_size,
-        keep_alive: std::time::Duration::from_secs(u64::from(info.keep_alive)),
-        operation_timeout: options.operation_timeout,
-        max_packet_size: options.max_packet_size,
-    };
-    let generation = Generation::next();
-    let (outbound, queue) = mpsc::channel(OUTBOUND_QUEUE);
-    let shared = Arc::new(Shared::new(
-        generation,
-        limits,
-        info.receive_maximum,
-        outbound,
-    ));
-    let (deliveries_tx, deliveries_rx) = mpsc::channel(options.delivery_buffer);
-    let deliveries = Deliveries {
-        generation,
-        receiver: deliveries_rx,
-        closed: shared.watch_closed(),
-    };
-    let (read_half, write_half) = stream.into_split();
-    tokio::spawn(run_reader(
-        shared.clone(),
-        read_half,
-        leftover,
-        deliveries_tx,
-    ));
-    tokio::spawn(run_writer(shared.clone(), write_half, queue));
-    let handle = SessionHandle {
-        inner: Arc::new(Inner { shared, info }),
-    };
-    (handle, deliveries)
 }
 
 struct Inner {
@@ -280,6 +63,12 @@ impl std::fmt::Debug for SessionHandle {
 }
 
 impl SessionHandle {
+    pub(crate) fn new(shared: Arc<Shared>, info: ConnAckInfo) -> SessionHandle {
+        SessionHandle {
+            inner: Arc::new(Inner { shared, info }),
+        }
+    }
+
     /// This connection's generation.
     pub fn generation(&self) -> Generation {
         self.inner.shared.generation
@@ -293,6 +82,18 @@ impl SessionHandle {
     /// Why the connection ended, once it has.
     pub fn disconnected(&self) -> Option<DisconnectCause> {
         self.inner.shared.cause()
+    }
+
+    /// Requests (SUBSCRIBE, UNSUBSCRIBE, QoS 1 PUBLISH) sent and not yet acknowledged; never more
+    /// than the broker's Receive Maximum. A request whose caller timed out stays counted until
+    /// its acknowledgement arrives, because its packet id is still in use.
+    pub fn in_flight(&self) -> usize {
+        self.inner.shared.in_flight()
+    }
+
+    /// How many PUBRELs this connection answered with PUBCOMP (replayed ones included).
+    pub fn releases_completed(&self) -> u64 {
+        self.inner.shared.releases()
     }
 
     /// Waits until the connection ends and returns why.
@@ -341,7 +142,7 @@ impl SessionHandle {
             })
             .await?;
         match reply {
-            Reply::SubAck(codes) => reasons("SUBACK", sent, codes, SubscribeReason::from_codec),
+            Reply::Subscribed(codes) => reasons("SUBACK", sent, codes, SubscribeReason::from_codec),
             _ => Err(self.mismatch(Kind::Subscribe)),
         }
     }
@@ -367,7 +168,7 @@ impl SessionHandle {
             })
             .await?;
         match reply {
-            Reply::UnsubAck(codes) => {
+            Reply::Unsubscribed(codes) => {
                 reasons("UNSUBACK", sent, codes, UnsubscribeReason::from_codec)
             }
             _ => Err(self.mismatch(Kind::Unsubscribe)),
@@ -404,7 +205,7 @@ impl SessionHandle {
                 Packet::Publish(publish)
             })
             .await?;
-        let Reply::PubAck(reason) = reply else {
+        let Reply::Published(reason) = reply else {
             return Err(self.mismatch(Kind::Publish));
         };
         let reason = puback_reason(reason);
@@ -434,7 +235,11 @@ impl SessionHandle {
             Err(TakeFailure::NotInFlight) => return AckOutcome::AlreadyAcked,
             Ok(()) => {}
         }
-        match shared.outbound.send(Outbound::Packet(packet)).await {
+        match shared
+            .outbound
+            .send(Outbound::Packet(Box::new(packet)))
+            .await
+        {
             Ok(()) => AckOutcome::Sent,
             Err(_) => AckOutcome::StaleConnection,
         }
@@ -495,7 +300,7 @@ impl SessionHandle {
                         operation: kind.name(),
                         cause,
                     })?;
-            slot.send(Outbound::Packet(build(pkid)));
+            slot.send(Outbound::Packet(Box::new(build(pkid))));
             reply.await.map_err(|_| self.ended(kind.name()))
         };
         let after = shared.limits.operation_timeout;
@@ -508,7 +313,12 @@ impl SessionHandle {
     async fn send_unacknowledged(&self, packet: Packet) -> Result<(), MqttError> {
         let shared = &self.inner.shared;
         let after = shared.limits.operation_timeout;
-        match timeout(after, shared.outbound.send(Outbound::Packet(packet))).await {
+        match timeout(
+            after,
+            shared.outbound.send(Outbound::Packet(Box::new(packet))),
+        )
+        .await
+        {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(self.ended("PUBLISH")),
             Err(_) => Err(MqttError::Timeout {
@@ -648,7 +458,7 @@ mod tests {
         let none: Vec<String> = Vec::new();
         let error = check_filters("UNSUBSCRIBE", none.iter()).unwrap_err();
         assert!(error.to_string().contains("filter list"), "{error}");
-        let filters = vec!["a/#".to_string(), String::new()];
+        let filters = ["a/#".to_string(), String::new()];
         let error = check_filters("SUBSCRIBE", filters.iter()).unwrap_err();
         assert!(error.to_string().contains("topic filter"), "{error}");
         assert!(check_topic("a/+").is_err());

@@ -4,6 +4,7 @@
 //! matched by (generation, packet id) and nothing outlives its connection.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -36,9 +37,9 @@ impl Kind {
 /// The acknowledgement a request gets.
 #[derive(Debug)]
 pub(crate) enum Reply {
-    SubAck(Vec<SubscribeReasonCode>),
-    UnsubAck(Vec<UnsubAckReason>),
-    PubAck(PubAckReason),
+    Subscribed(Vec<SubscribeReasonCode>),
+    Unsubscribed(Vec<UnsubAckReason>),
+    Published(PubAckReason),
 }
 
 /// A request sent and not yet acknowledged. It holds its packet id and one receive-maximum
@@ -51,16 +52,19 @@ struct Pending {
 
 /// What the writer task sends.
 pub(crate) enum Outbound {
-    Packet(Packet),
+    Packet(Box<Packet>),
     /// A DISCONNECT: written, flushed, then the connection ends; the sender learns it was written.
     Disconnect([u8; 4], DisconnectCause, oneshot::Sender<()>),
 }
+
+/// Receipt numbers are unique in the process, not only per connection, so a receipt can never
+/// match on another connection even if the generation check were bypassed.
+static NEXT_RECEIPT: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Default)]
 struct Incoming {
     /// pkid -> the receipt number of the delivery in flight with it.
     in_flight: HashMap<u16, u64>,
-    next_receipt: u64,
 }
 
 struct State {
@@ -87,6 +91,7 @@ pub(crate) struct Shared {
     pub(crate) outbound: mpsc::Sender<Outbound>,
     closed: watch::Sender<Option<DisconnectCause>>,
     state: Mutex<State>,
+    releases: AtomicU64,
 }
 
 /// Why an acknowledgement could not be matched; it ends the connection.
@@ -112,6 +117,7 @@ impl Shared {
                 ping_sent: None,
                 cause: None,
             }),
+            releases: AtomicU64::new(0),
         }
     }
 
@@ -206,10 +212,8 @@ impl Shared {
     /// Records an incoming QoS 1/2 PUBLISH; returns its receipt number. A second PUBLISH with
     /// the same id replaces the first: only the newest receipt can be acked.
     pub(crate) fn receive(&self, pkid: u16) -> u64 {
-        let mut state = self.lock();
-        state.incoming.next_receipt += 1;
-        let receipt = state.incoming.next_receipt;
-        state.incoming.in_flight.insert(pkid, receipt);
+        let receipt = NEXT_RECEIPT.fetch_add(1, Ordering::Relaxed);
+        self.lock().incoming.in_flight.insert(pkid, receipt);
         receipt
     }
 
@@ -226,6 +230,20 @@ impl Shared {
             }
             _ => Err(TakeFailure::NotInFlight),
         }
+    }
+
+    /// Requests sent and not yet acknowledged (each holds a packet id).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Counts a PUBREL answered with PUBCOMP.
+    pub(crate) fn count_release(&self) {
+        self.releases.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn releases(&self) -> u64 {
+        self.releases.load(Ordering::Relaxed)
     }
 
     pub(crate) fn ping_sent(&self) -> Option<Instant> {

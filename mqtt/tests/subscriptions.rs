@@ -158,7 +158,10 @@ async fn bad_requests_are_refused_before_anything_is_sent() {
         .subscribe(vec![("a/b".to_string(), QoS::AtMostOnce)], Some(0))
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("subscription identifier \"0\""), "{error}");
+    assert!(
+        error.to_string().contains("subscription identifier \"0\""),
+        "{error}"
+    );
     // The connection is still fine.
     let reasons = handle
         .subscribe(vec![(unique("wharf-test/ok"), QoS::AtMostOnce)], None)

@@ -131,6 +131,16 @@ impl Broker {
         }
     }
 
+    /// Freezes the broker (SIGSTOP): its sockets stay open and nothing is answered.
+    pub fn pause(&self) {
+        signal(self.pid(), "-STOP");
+    }
+
+    /// Lets a paused broker run again (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.pid(), "-CONT");
+    }
+
     fn wait_listening(&mut self) -> bool {
         let deadline = Instant::now() + DEADLINE;
         while Instant::now() < deadline {
@@ -158,6 +168,37 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+fn signal(pid: u32, which: &str) {
+    let status = Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {which} {pid} failed");
+}
+
+/// Runs `mosquitto_pub -V 5 -p PORT` with `args` and asserts it succeeded.
+pub fn mosquitto_pub(port: u16, args: &[&str]) {
+    let output = Command::new("mosquitto_pub")
+        .args(["-V", "5", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run mosquitto_pub");
+    assert!(
+        output.status.success(),
+        "mosquitto_pub failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Waits until `condition` holds, failing the test past the deadline.
+pub async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
