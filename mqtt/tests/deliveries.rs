@@ -1,0 +1,89 @@
+//! What a delivery carries from a real Mosquitto: topic, payload, flags and the v5 properties
+//! (user properties in order, content type, the subscription identifier); QoS 0 needs no ack.
+
+mod common;
+
+use common::{mosquitto_pub, next_delivery, options, unique, SHARED_PORT};
+use wharf_mqtt::{AckOutcome, DisconnectReason, QoS, Session};
+
+#[tokio::test]
+async fn a_delivery_carries_its_properties() {
+    let base = unique("wharf-test/props");
+    let topic = format!("{base}/a");
+    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("props")))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(format!("{base}/#"), QoS::AtLeastOnce)], Some(42))
+        .await
+        .unwrap();
+    mosquitto_pub(
+        SHARED_PORT,
+        &[
+            "-q",
+            "1",
+            "-t",
+            &topic,
+            "-m",
+            "hello",
+            "-D",
+            "publish",
+            "user-property",
+            "trace",
+            "t-1",
+            "-D",
+            "publish",
+            "user-property",
+            "trace",
+            "t-2",
+            "-D",
+            "publish",
+            "content-type",
+            "text/plain",
+        ],
+    );
+    let delivery = next_delivery(&mut deliveries).await;
+    assert_eq!(delivery.topic, topic);
+    assert_eq!(&delivery.payload[..], b"hello");
+    assert_eq!(
+        (delivery.qos, delivery.dup, delivery.retain),
+        (QoS::AtLeastOnce, false, false)
+    );
+    let properties = &delivery.properties;
+    assert_eq!(
+        properties.user_properties,
+        vec![
+            ("trace".to_string(), "t-1".to_string()),
+            ("trace".to_string(), "t-2".to_string())
+        ]
+    );
+    assert_eq!(properties.content_type.as_deref(), Some("text/plain"));
+    assert_eq!(properties.subscription_identifiers, vec![42]);
+    assert_eq!(handle.ack(&delivery).await, AckOutcome::Sent);
+}
+
+#[tokio::test]
+async fn qos0_and_retained_deliveries() {
+    let topic = format!("{}/r", unique("wharf-test/retained"));
+    mosquitto_pub(SHARED_PORT, &["-q", "0", "-r", "-t", &topic, "-m", "kept"]);
+    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("qos0")))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(topic.clone(), QoS::AtMostOnce)], None)
+        .await
+        .unwrap();
+    let retained = next_delivery(&mut deliveries).await;
+    assert_eq!(
+        (&retained.payload[..], retained.retain),
+        (&b"kept"[..], true)
+    );
+    assert_eq!((retained.qos, retained.pkid), (QoS::AtMostOnce, 0));
+    assert_eq!(handle.ack(&retained).await, AckOutcome::NotRequired);
+    // Clear the retained message so reruns start clean.
+    handle
+        .publish(&topic, Vec::<u8>::new(), QoS::AtMostOnce, true)
+        .await
+        .unwrap();
+    handle.disconnect(DisconnectReason::Normal).await.unwrap();
+}
