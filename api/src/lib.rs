@@ -47,9 +47,9 @@ pub use handlers::{
     DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, METRICS_PATH,
     OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
 };
-pub use sessions::{LiveSession, ReconcileReport, SessionDetail, SessionList, SessionSource};
 pub use metrics::{Metrics, StoreCollector};
 pub use server::{bounded_router, serve_with, HttpLimits};
+pub use sessions::{LiveSession, ReconcileReport, SessionDetail, SessionList, SessionSource};
 pub use state::{
     ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
 };

@@ -92,7 +92,10 @@ pub struct SessionList {
 
 async fn details(state: &ApiState) -> Result<Vec<SessionDetail>, ApiError> {
     let recorded = state.read_model().managed_sessions(None).await?;
-    let live = state.session_source().map(|s| s.sessions()).unwrap_or_default();
+    let live = state
+        .session_source()
+        .map(|s| s.sessions())
+        .unwrap_or_default();
     let mut details: Vec<SessionDetail> = live
         .into_iter()
         .map(|live| SessionDetail {
@@ -131,9 +134,7 @@ pub(crate) async fn one_session(
     details(&state)
         .await?
         .into_iter()
-        .find(|d| {
-            d.session_id == session || d.live.as_ref().is_some_and(|l| l.name == session)
-        })
+        .find(|d| d.session_id == session || d.live.as_ref().is_some_and(|l| l.name == session))
         .map(Json)
         .ok_or_else(|| {
             ApiError::not_found(format!(

@@ -62,15 +62,15 @@ pub async fn managed_sessions(
     };
     let mut views: Vec<ManagedSessionView> = sessions
         .into_iter()
-        .map(|(session_id, baseline_source, migration_required, last_position)| {
-            ManagedSessionView {
+        .map(
+            |(session_id, baseline_source, migration_required, last_position)| ManagedSessionView {
                 session_id,
                 baseline_source,
                 migration_required,
                 last_position,
                 filters: Vec::new(),
-            }
-        })
+            },
+        )
         .collect();
     for (session, filter, state, requested, granted, reason, since, updated) in filters {
         if let Some(view) = views.iter_mut().find(|v| v.session_id == session) {

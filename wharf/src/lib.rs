@@ -218,7 +218,10 @@ impl Wharf {
         &self,
         config: &Config,
     ) -> Result<Vec<sessions::SessionRuntime>, WharfError> {
-        self.start_sessions_with(config, Arc::new(sessions::LogIngest::new(self.queue.clone())))
+        self.start_sessions_with(
+            config,
+            Arc::new(sessions::LogIngest::new(self.queue.clone())),
+        )
     }
 
     /// Starts every configured MQTT session with a handler of the application's own.

@@ -62,26 +62,40 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
     assert_eq!(listed[0]["name"], "plant");
     assert!(listed[0]["history"].is_null(), "{listed:?}");
     let refused = sessions(&store, &["plan", "plant"]).await;
-    assert!(refused.failure().contains("wharf sessions seed plant"), "{refused:?}");
+    assert!(
+        refused.failure().contains("wharf sessions seed plant"),
+        "{refused}"
+    );
 
     // The exact existing filters, shared form included; a comma-holding filter by flag.
     let seeded = sessions(
         &store,
-        &["seed", "plant=sensors/#,$share/old/sensors/#", "--filter", "odd,topic/+"],
+        &[
+            "seed",
+            "plant=sensors/#,$share/old/sensors/#",
+            "--filter",
+            "odd,topic/+",
+        ],
     )
     .await;
-    assert!(seeded.success().contains("seeded the baseline of plant"), "{seeded:?}");
-    assert!(seeded.success().contains("3 filter(s)"), "{seeded:?}");
+    assert!(
+        seeded.success().contains("seeded the baseline of plant"),
+        "{seeded}"
+    );
+    assert!(seeded.success().contains("3 filter(s)"), "{seeded}");
 
     // Again: nothing to do. An explicit empty seed keeps the established baseline.
     let again = sessions(&store, &["seed", "plant=sensors/#"]).await;
-    assert!(again.success().contains("nothing to do"), "{again:?}");
+    assert!(again.success().contains("nothing to do"), "{again}");
     let empty = sessions(&store, &["seed", "plant", "--source", "init"]).await;
-    assert!(empty.success().contains("nothing to do"), "{empty:?}");
+    assert!(empty.success().contains("nothing to do"), "{empty}");
     // A new filter extends it.
     let id = listed[0]["session_id"].as_str().unwrap().to_owned();
     let extended = sessions(&store, &["seed", &format!("{id}=extra/#,sensors/#")]).await;
-    assert!(extended.success().contains("added 1 of the 2"), "{extended:?}");
+    assert!(
+        extended.success().contains("added 1 of the 2"),
+        "{extended}"
+    );
 
     let shown = sessions(&store, &["show", "plant", "--json"]).await;
     let shown: Value = serde_json::from_str(shown.success()).unwrap();
@@ -93,7 +107,12 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
         .collect();
     assert_eq!(
         filters,
-        ["$share/old/sensors/#", "extra/#", "odd,topic/+", "sensors/#"]
+        [
+            "$share/old/sensors/#",
+            "extra/#",
+            "odd,topic/+",
+            "sensors/#"
+        ]
     );
     assert_eq!(shown["recorded"]["baseline_source"], "cli");
 
@@ -105,14 +124,28 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
             .as_array()
             .unwrap()
             .iter()
-            .map(|v| v.as_str().map_or_else(|| v["filter"].as_str().unwrap().to_owned(), str::to_owned))
+            .map(|v| {
+                v.as_str()
+                    .map_or_else(|| v["filter"].as_str().unwrap().to_owned(), str::to_owned)
+            })
             .collect()
     };
-    assert_eq!(names("subscribe"), ["$share/wharf/alarms/#", "sensors/+/temp"]);
-    assert_eq!(names("remember"), ["$share/wharf/alarms/#", "sensors/+/temp"]);
+    assert_eq!(
+        names("subscribe"),
+        ["$share/wharf/alarms/#", "sensors/+/temp"]
+    );
+    assert_eq!(
+        names("remember"),
+        ["$share/wharf/alarms/#", "sensors/+/temp"]
+    );
     assert_eq!(
         names("unsubscribe"),
-        ["$share/old/sensors/#", "extra/#", "odd,topic/+", "sensors/#"]
+        [
+            "$share/old/sensors/#",
+            "extra/#",
+            "odd,topic/+",
+            "sensors/#"
+        ]
     );
     assert_eq!(plan["recycle"], true);
 
@@ -128,12 +161,15 @@ async fn bad_seeds_name_what_is_wrong(backend: Backend) {
         return;
     };
     let unknown = sessions(&store, &["seed", "nope"]).await;
-    assert!(unknown.failure().contains("no session named \"nope\""), "{unknown:?}");
-    assert!(unknown.failure().contains("configured: plant"), "{unknown:?}");
+    assert!(
+        unknown.failure().contains("no session named \"nope\""),
+        "{unknown}"
+    );
+    assert!(unknown.failure().contains("configured: plant"), "{unknown}");
     let bad = sessions(&store, &["seed", "plant=sensors/#/x"]).await;
-    assert!(bad.failure().contains("sensors/#/x"), "{bad:?}");
+    assert!(bad.failure().contains("sensors/#/x"), "{bad}");
     let share = sessions(&store, &["seed", "plant", "--filter", "$share/a+b/x"]).await;
-    assert!(share.failure().contains("--filter"), "{share:?}");
+    assert!(share.failure().contains("--filter"), "{share}");
     // Nothing was written by the refused seeds.
     assert!(list_json(&store).await[0]["history"].is_null());
 }

@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 use wharf::metrics::StoreOperation;
 use wharf::projections::{PruneOptions, ReadModel};
-use wharf::store::sqlite::{quick_check, QuickCheck};
 use wharf::sessions::SessionStatus;
+use wharf::store::sqlite::{quick_check, QuickCheck};
 use wharf::store::StoreLocation;
 use wharf::{Config, Metrics, Wharf};
 

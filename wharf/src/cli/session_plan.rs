@@ -57,9 +57,20 @@ pub fn print(
         println!("  MIGRATION REQUIRED ({reason}): no reconcile runs until the operator's migration procedure is done");
     }
     let section = |title: &str, items: Vec<String>| {
-        println!("  {title}: {}", if items.is_empty() { "nothing".to_owned() } else { items.join(" ") });
+        println!(
+            "  {title}: {}",
+            if items.is_empty() {
+                "nothing".to_owned()
+            } else {
+                items.join(" ")
+            }
+        );
     };
-    let qos = |list: &[(ExactFilter, Qos)]| list.iter().map(|(f, q)| format!("{f}@{}", q.level())).collect();
+    let qos = |list: &[(ExactFilter, Qos)]| {
+        list.iter()
+            .map(|(f, q)| format!("{f}@{}", q.level()))
+            .collect()
+    };
     let plain = |list: &[ExactFilter]| list.iter().map(ToString::to_string).collect();
     section("remember (ledger, before SUBSCRIBE)", qos(&plan.remember));
     section("subscribe", qos(&plan.subscribe));
@@ -67,6 +78,9 @@ pub fn print(
     if !plan.unsubscribe.is_empty() {
         println!("  then recycle the connection and watch it for one mqtt.unmatched_grace");
     }
-    section("forget after verification", plain(&plan.forget_after_verify));
+    section(
+        "forget after verification",
+        plain(&plan.forget_after_verify),
+    );
     Ok(ExitCode::SUCCESS)
 }

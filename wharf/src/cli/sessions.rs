@@ -82,12 +82,19 @@ async fn seed(config: &Config, args: SeedArgs) -> anyhow::Result<ExitCode> {
     let ledger = SessionLedger::new(store(config).await?);
     let listed = spec.filters.len();
     let events = ledger.seed(&session_id, spec.filters, &args.source).await?;
-    let name = configured.map_or_else(|| session_id.clone(), |s| format!("{} ({session_id})", s.name));
+    let name = configured.map_or_else(
+        || session_id.clone(),
+        |s| format!("{} ({session_id})", s.name),
+    );
     match events.first() {
         Some(ManagedFilterEvent::BaselineSeeded { filters, .. }) => println!(
             "seeded the baseline of {name}: {} filter(s){}",
             filters.len(),
-            if filters.is_empty() { " (explicitly empty)" } else { "" }
+            if filters.is_empty() {
+                " (explicitly empty)"
+            } else {
+                ""
+            }
         ),
         Some(ManagedFilterEvent::BaselineExtended { filters, .. }) => println!(
             "{name} already had a baseline; added {} of the {listed} listed filter(s)",
@@ -115,10 +122,18 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<ExitCode> {
     let recorded = managed_sessions(&store(config).await?, None).await?;
     let mut lines: Vec<SessionLine> = configured
         .iter()
-        .map(|s| line(Some(s), recorded.iter().find(|r| r.session_id == s.identity.id())))
+        .map(|s| {
+            line(
+                Some(s),
+                recorded.iter().find(|r| r.session_id == s.identity.id()),
+            )
+        })
         .collect();
     for view in &recorded {
-        if !configured.iter().any(|s| s.identity.id() == view.session_id) {
+        if !configured
+            .iter()
+            .any(|s| s.identity.id() == view.session_id)
+        {
             lines.push(line(None, Some(view)));
         }
     }
@@ -130,11 +145,10 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<ExitCode> {
         println!("no MQTT sessions configured or recorded");
     }
     for l in &lines {
-        let history = l
-            .history
-            .map_or("UNKNOWN (not seeded: startup fails closed)".to_owned(), |n| {
-                format!("{n} filter(s)")
-            });
+        let history = l.history.map_or(
+            "UNKNOWN (not seeded: startup fails closed)".to_owned(),
+            |n| format!("{n} filter(s)"),
+        );
         println!(
             "{}  {}  history {history}{}{}",
             l.name.as_deref().unwrap_or("(not configured here)"),
@@ -152,7 +166,10 @@ async fn list(config: &Config, args: ListArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn line(configured: Option<&ResolvedSession>, recorded: Option<&ManagedSessionView>) -> SessionLine {
+fn line(
+    configured: Option<&ResolvedSession>,
+    recorded: Option<&ManagedSessionView>,
+) -> SessionLine {
     let desired: Option<Vec<&str>> =
         configured.map(|s| s.subscriptions.iter().map(|(f, _, _)| f.as_str()).collect());
     let pending_removal = match (recorded, &desired) {

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use wharf_domain::TopicName;
-use wharf_queue::{Headers, OutgoingMessage, Queue};
 use wharf_mqtt::Delivery;
+use wharf_queue::{Headers, OutgoingMessage, Queue};
 
 use crate::handler::HandlerError;
 

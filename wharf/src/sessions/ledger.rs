@@ -34,7 +34,10 @@ impl SessionLedger {
 
     /// The session's state, folded from its whole stream (unknown when never seeded).
     pub async fn load(&self, session_id: &str) -> Result<ManagedSession, WharfError> {
-        let events = self.store.load(MANAGED_SESSION_AGGREGATE, session_id).await?;
+        let events = self
+            .store
+            .load(MANAGED_SESSION_AGGREGATE, session_id)
+            .await?;
         Ok(fold(&events)?)
     }
 

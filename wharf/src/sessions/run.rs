@@ -130,7 +130,7 @@ impl<'a> Run<'a> {
                 .map(|at| self.started + at)
                 .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(3600));
             tokio::select! {
-                _ = stop.wait_for(|stopped| *stopped) => {
+                _ = async { stop.wait_for(|stopped| *stopped).await.map(|_| ()) } => {
                     disconnect(&connection, DisconnectReason::Normal).await;
                     return Outcome::Stopped;
                 }
@@ -384,7 +384,11 @@ impl<'a> Run<'a> {
         Step::Continue
     }
 
-    async fn subscribe(&mut self, filters: Vec<(ExactFilter, Qos)>, connection: &Connection) -> Step {
+    async fn subscribe(
+        &mut self,
+        filters: Vec<(ExactFilter, Qos)>,
+        connection: &Connection,
+    ) -> Step {
         let handle = &connection.handle;
         let with_ids = handle.connack().subscription_identifiers_available;
         let answers: Vec<Option<SubscribeOutcome>> = if with_ids {
@@ -395,7 +399,10 @@ impl<'a> Run<'a> {
                         Some(subscription_id(filter)),
                     )
                     .await;
-                reasons.ok().and_then(|r| r.first().copied()).map(to_outcome)
+                reasons
+                    .ok()
+                    .and_then(|r| r.first().copied())
+                    .map(to_outcome)
             });
             futures::future::join_all(requests).await
         } else {
@@ -419,7 +426,10 @@ impl<'a> Run<'a> {
         if self.session.is_durable() && !recorded.is_empty() {
             let id = self.session.identity.id();
             if let Err(outcome) = self
-                .ledger_call("the SUBACK outcomes", self.ledger.record_suback(id, recorded))
+                .ledger_call(
+                    "the SUBACK outcomes",
+                    self.ledger.record_suback(id, recorded),
+                )
                 .await
             {
                 return Step::End(outcome);
@@ -473,7 +483,8 @@ impl<'a> Run<'a> {
         // What the old connection delivered and nobody acked is the broker's to replay.
         self.parked.clear();
         self.batch.clear();
-        self.inputs.push_back(Input::Disconnected { generation: old });
+        self.inputs
+            .push_back(Input::Disconnected { generation: old });
         match self.connect().await {
             Ok(next) => {
                 *connection = next;

@@ -58,8 +58,7 @@ mod tests {
 
     #[test]
     fn filters_are_kept_exactly_shared_forms_included() {
-        let spec =
-            parse_seed_spec("ms-0123=sensors/#,$share/g/sensors/#").expect("valid");
+        let spec = parse_seed_spec("ms-0123=sensors/#,$share/g/sensors/#").expect("valid");
         let filters: Vec<&str> = spec.filters.iter().map(ExactFilter::as_str).collect();
         assert_eq!(filters, ["sensors/#", "$share/g/sensors/#"]);
     }
@@ -68,9 +67,13 @@ mod tests {
     fn bad_specs_name_the_problem() {
         let e = parse_seed_spec("=a/#").expect_err("no session").to_string();
         assert!(e.contains("names no session"), "{e}");
-        let e = parse_seed_spec("plant=").expect_err("no filter").to_string();
+        let e = parse_seed_spec("plant=")
+            .expect_err("no filter")
+            .to_string();
         assert!(e.contains("explicit empty baseline"), "{e}");
-        let e = parse_seed_spec("plant=a/#/b").expect_err("bad filter").to_string();
+        let e = parse_seed_spec("plant=a/#/b")
+            .expect_err("bad filter")
+            .to_string();
         assert!(e.contains("a/#/b"), "{e}");
     }
 }
