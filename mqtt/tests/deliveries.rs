@@ -3,14 +3,14 @@
 
 mod common;
 
-use common::{mosquitto_pub, next_delivery, options, unique, SHARED_PORT};
+use common::{mosquitto_pub, next_delivery, options, shared_port, unique};
 use wharf_mqtt::{AckOutcome, DisconnectReason, QoS, Session};
 
 #[tokio::test]
 async fn a_delivery_carries_its_properties() {
     let base = unique("wharf-test/props");
     let topic = format!("{base}/a");
-    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("props")))
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("props")))
         .await
         .unwrap();
     handle
@@ -18,7 +18,7 @@ async fn a_delivery_carries_its_properties() {
         .await
         .unwrap();
     mosquitto_pub(
-        SHARED_PORT,
+        shared_port(),
         &[
             "-q",
             "1",
@@ -65,8 +65,11 @@ async fn a_delivery_carries_its_properties() {
 #[tokio::test]
 async fn qos0_and_retained_deliveries() {
     let topic = format!("{}/r", unique("wharf-test/retained"));
-    mosquitto_pub(SHARED_PORT, &["-q", "0", "-r", "-t", &topic, "-m", "kept"]);
-    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("qos0")))
+    mosquitto_pub(
+        shared_port(),
+        &["-q", "0", "-r", "-t", &topic, "-m", "kept"],
+    );
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("qos0")))
         .await
         .unwrap();
     handle
