@@ -1,5 +1,6 @@
 //! What a delivery carries from a real Mosquitto: topic, payload, flags and the v5 properties
-//! (user properties in order, content type, the subscription identifier); QoS 0 needs no ack.
+//! (user properties in order, content type, the subscription identifier); QoS 0 needs no ack;
+//! overlapping subscriptions give one copy each.
 
 mod common;
 
@@ -89,4 +90,35 @@ async fn qos0_and_retained_deliveries() {
         .await
         .unwrap();
     handle.disconnect(DisconnectReason::Normal).await.unwrap();
+}
+
+#[tokio::test]
+async fn overlapping_subscriptions_deliver_one_copy_each_with_its_own_identifier() {
+    let base = unique("wharf-test/overlap");
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("overlap")))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(format!("{base}/#"), QoS::AtLeastOnce)], Some(42))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(format!("{base}/+"), QoS::AtLeastOnce)], Some(43))
+        .await
+        .unwrap();
+    mosquitto_pub(
+        shared_port(),
+        &["-q", "1", "-t", &format!("{base}/a"), "-m", "x"],
+    );
+    let first = next_delivery(&mut deliveries).await;
+    let second = next_delivery(&mut deliveries).await;
+    assert_ne!(first.pkid, second.pkid, "two copies, two packet ids");
+    let mut ids = vec![
+        first.properties.subscription_identifiers.clone(),
+        second.properties.subscription_identifiers.clone(),
+    ];
+    ids.sort();
+    assert_eq!(ids, vec![vec![42], vec![43]]);
+    assert_eq!(handle.ack(&first).await, AckOutcome::Sent);
+    assert_eq!(handle.ack(&second).await, AckOutcome::Sent);
 }
