@@ -38,7 +38,7 @@ pub(crate) async fn run_reader(
             _ = ended(&mut closed) => return,
             read = socket.read_buf(&mut buffer) => match read {
                 Ok(0) => break DisconnectCause::BrokerClosed,
-                Ok(_) => {}
+                Ok(_) => shared.mark_read(),
                 Err(error) => break DisconnectCause::Io(error.to_string()),
             },
         }
@@ -195,98 +195,124 @@ fn packet_name(packet: &Packet) -> &'static str {
 /// Writes what the handles queue until the connection ends.
 pub(crate) async fn run_writer(
     shared: Arc<Shared>,
-    mut socket: OwnedWriteHalf,
+    socket: OwnedWriteHalf,
     mut queue: mpsc::Receiver<Outbound>,
 ) {
-    let mut closed = shared.watch_closed();
-    let mut buffer = BytesMut::with_capacity(64 * 1024);
-    let mut last_write = Instant::now();
-    let keep_alive = shared.limits.keep_alive;
+    let mut writer = Writer {
+        closed: shared.watch_closed(),
+        shared,
+        socket,
+        buffer: BytesMut::with_capacity(64 * 1024),
+        last_write: Instant::now(),
+    };
+    let keep_alive = writer.shared.limits.keep_alive;
+    let mut closed = writer.shared.watch_closed();
     loop {
-        let ping_due = match shared.ping_sent() {
-            Some(sent) => sent + keep_alive,
-            None => last_write + keep_alive,
-        };
-        tokio::select! {
+        let ping_due = writer.ping_due();
+        let step = tokio::select! {
             biased;
             _ = ended(&mut closed) => break,
-            next = queue.recv() => {
-                let Some(first) = next else { break };
-                match write_batch(&shared, &mut socket, &mut buffer, first, &mut queue).await {
-                    Ok(true) => last_write = Instant::now(),
-                    Ok(false) => break,
-                    Err(cause) => { shared.close(cause); break; }
-                }
-            }
-            _ = sleep_until(ping_due), if !keep_alive.is_zero() => {
-                if shared.ping_sent().is_some() {
-                    shared.close(DisconnectCause::KeepAliveTimeout);
-                    break;
-                }
-                if let Err(cause) = write_ping(&shared, &mut socket, &mut buffer).await {
-                    shared.close(cause);
-                    break;
-                }
-                last_write = Instant::now();
-                shared.set_ping_sent(Some(last_write));
+            next = queue.recv() => match next {
+                Some(first) => writer.write_batch(first, &mut queue).await,
+                None => break,
+            },
+            _ = sleep_until(ping_due), if !keep_alive.is_zero() => writer.keep_alive().await,
+        };
+        match step {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(cause) => {
+                writer.shared.close(cause);
+                break;
             }
         }
     }
-    let _ = socket.shutdown().await;
+    let _ = writer.socket.shutdown().await;
 }
 
-async fn write_ping(
-    shared: &Shared,
-    socket: &mut OwnedWriteHalf,
-    buffer: &mut BytesMut,
-) -> Result<(), DisconnectCause> {
-    buffer.clear();
-    encode(shared, &Packet::PingReq(PingReq), buffer)?;
-    flush(socket, buffer).await
+struct Writer {
+    shared: Arc<Shared>,
+    socket: OwnedWriteHalf,
+    buffer: BytesMut,
+    closed: watch::Receiver<Option<DisconnectCause>>,
+    last_write: Instant,
 }
 
-/// Writes `first` and whatever else is queued; Ok(false) after a DISCONNECT.
-async fn write_batch(
-    shared: &Shared,
-    socket: &mut OwnedWriteHalf,
-    buffer: &mut BytesMut,
-    first: Outbound,
-    queue: &mut mpsc::Receiver<Outbound>,
-) -> Result<bool, DisconnectCause> {
-    buffer.clear();
-    let mut next = Some(first);
-    let mut count = 0;
-    while let Some(outbound) = next.take() {
-        match outbound {
-            Outbound::Packet(packet) => encode(shared, &packet, buffer)?,
-            Outbound::Disconnect(bytes, cause, written) => {
-                buffer.extend_from_slice(&bytes);
-                flush(socket, buffer).await?;
-                shared.close(cause);
-                let _ = written.send(());
-                return Ok(false);
-            }
-        }
-        count += 1;
-        if count < WRITE_BATCH && buffer.len() < 64 * 1024 {
-            next = queue.try_recv().ok();
+impl Writer {
+    /// When the next PINGREQ is due (nothing written or read for a keep alive), or, with one
+    /// outstanding, when its PINGRESP is overdue.
+    fn ping_due(&self) -> Instant {
+        let keep_alive = self.shared.limits.keep_alive;
+        match self.shared.ping_sent() {
+            Some(sent) => sent + keep_alive,
+            None => self.last_write.min(self.shared.last_read()) + keep_alive,
         }
     }
-    flush(socket, buffer).await?;
-    Ok(true)
+
+    /// Ok(true) to go on; an error when a PINGRESP is overdue.
+    async fn keep_alive(&mut self) -> Result<bool, DisconnectCause> {
+        if Instant::now() < self.ping_due() {
+            // Something was read since the timer was set.
+            return Ok(true);
+        }
+        if self.shared.ping_sent().is_some() {
+            return Err(DisconnectCause::KeepAliveTimeout);
+        }
+        self.buffer.clear();
+        encode(&self.shared, &Packet::PingReq(PingReq), &mut self.buffer)?;
+        self.flush().await?;
+        self.shared.set_ping_sent(Some(self.last_write));
+        Ok(true)
+    }
+
+    /// Writes `first` and whatever else is queued; Ok(false) after a DISCONNECT.
+    async fn write_batch(
+        &mut self,
+        first: Outbound,
+        queue: &mut mpsc::Receiver<Outbound>,
+    ) -> Result<bool, DisconnectCause> {
+        self.buffer.clear();
+        let mut next = Some(first);
+        let mut count = 0;
+        while let Some(outbound) = next.take() {
+            match outbound {
+                Outbound::Packet(packet) => encode(&self.shared, &packet, &mut self.buffer)?,
+                Outbound::Disconnect(bytes, cause, written) => {
+                    self.buffer.extend_from_slice(&bytes);
+                    self.flush().await?;
+                    self.shared.close(cause);
+                    let _ = written.send(());
+                    return Ok(false);
+                }
+            }
+            count += 1;
+            if count < WRITE_BATCH && self.buffer.len() < 64 * 1024 {
+                next = queue.try_recv().ok();
+            }
+        }
+        self.flush().await?;
+        Ok(true)
+    }
+
+    /// Writes the buffer; gives up as soon as the connection has ended some other way (a
+    /// broker that stopped reading must not hold this task).
+    async fn flush(&mut self) -> Result<(), DisconnectCause> {
+        let written = tokio::select! {
+            biased;
+            _ = ended(&mut self.closed) => {
+                return Err(self.shared.cause().unwrap_or(DisconnectCause::HandleDropped))
+            }
+            written = self.socket.write_all(&self.buffer) => written,
+        };
+        written.map_err(|error| DisconnectCause::Io(error.to_string()))?;
+        self.buffer.clear();
+        self.last_write = Instant::now();
+        Ok(())
+    }
 }
 
 fn encode(shared: &Shared, packet: &Packet, buffer: &mut BytesMut) -> Result<(), DisconnectCause> {
     write_packet(packet, buffer, shared.limits.broker_max_packet)
         .map(|_| ())
         .map_err(|error| DisconnectCause::Protocol(format!("cannot encode a packet: {error}")))
-}
-
-async fn flush(socket: &mut OwnedWriteHalf, buffer: &mut BytesMut) -> Result<(), DisconnectCause> {
-    socket
-        .write_all(buffer)
-        .await
-        .map_err(|error| DisconnectCause::Io(error.to_string()))?;
-    buffer.clear();
-    Ok(())
 }

@@ -72,6 +72,7 @@ struct State {
     pending: HashMap<u16, Pending>,
     incoming: Incoming,
     ping_sent: Option<Instant>,
+    last_read: Instant,
     cause: Option<DisconnectCause>,
 }
 
@@ -115,6 +116,7 @@ impl Shared {
                 pending: HashMap::new(),
                 incoming: Incoming::default(),
                 ping_sent: None,
+                last_read: Instant::now(),
                 cause: None,
             }),
             releases: AtomicU64::new(0),
@@ -248,6 +250,15 @@ impl Shared {
 
     pub(crate) fn ping_sent(&self) -> Option<Instant> {
         self.lock().ping_sent
+    }
+
+    /// Bytes arrived from the broker.
+    pub(crate) fn mark_read(&self) {
+        self.lock().last_read = Instant::now();
+    }
+
+    pub(crate) fn last_read(&self) -> Instant {
+        self.lock().last_read
     }
 
     pub(crate) fn set_ping_sent(&self, at: Option<Instant>) {

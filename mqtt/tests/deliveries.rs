@@ -1,16 +1,17 @@
 //! What a delivery carries from a real Mosquitto: topic, payload, flags and the v5 properties
-//! (user properties in order, content type, the subscription identifier); QoS 0 needs no ack.
+//! (user properties in order, content type, the subscription identifier); QoS 0 needs no ack;
+//! overlapping subscriptions give one copy each.
 
 mod common;
 
-use common::{mosquitto_pub, next_delivery, options, unique, SHARED_PORT};
+use common::{mosquitto_pub, next_delivery, options, shared_port, unique};
 use wharf_mqtt::{AckOutcome, DisconnectReason, QoS, Session};
 
 #[tokio::test]
 async fn a_delivery_carries_its_properties() {
     let base = unique("wharf-test/props");
     let topic = format!("{base}/a");
-    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("props")))
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("props")))
         .await
         .unwrap();
     handle
@@ -18,7 +19,7 @@ async fn a_delivery_carries_its_properties() {
         .await
         .unwrap();
     mosquitto_pub(
-        SHARED_PORT,
+        shared_port(),
         &[
             "-q",
             "1",
@@ -65,8 +66,11 @@ async fn a_delivery_carries_its_properties() {
 #[tokio::test]
 async fn qos0_and_retained_deliveries() {
     let topic = format!("{}/r", unique("wharf-test/retained"));
-    mosquitto_pub(SHARED_PORT, &["-q", "0", "-r", "-t", &topic, "-m", "kept"]);
-    let (handle, mut deliveries) = Session::connect(options(SHARED_PORT, &unique("qos0")))
+    mosquitto_pub(
+        shared_port(),
+        &["-q", "0", "-r", "-t", &topic, "-m", "kept"],
+    );
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("qos0")))
         .await
         .unwrap();
     handle
@@ -86,4 +90,35 @@ async fn qos0_and_retained_deliveries() {
         .await
         .unwrap();
     handle.disconnect(DisconnectReason::Normal).await.unwrap();
+}
+
+#[tokio::test]
+async fn overlapping_subscriptions_deliver_one_copy_each_with_its_own_identifier() {
+    let base = unique("wharf-test/overlap");
+    let (handle, mut deliveries) = Session::connect(options(shared_port(), &unique("overlap")))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(format!("{base}/#"), QoS::AtLeastOnce)], Some(42))
+        .await
+        .unwrap();
+    handle
+        .subscribe(vec![(format!("{base}/+"), QoS::AtLeastOnce)], Some(43))
+        .await
+        .unwrap();
+    mosquitto_pub(
+        shared_port(),
+        &["-q", "1", "-t", &format!("{base}/a"), "-m", "x"],
+    );
+    let first = next_delivery(&mut deliveries).await;
+    let second = next_delivery(&mut deliveries).await;
+    assert_ne!(first.pkid, second.pkid, "two copies, two packet ids");
+    let mut ids = vec![
+        first.properties.subscription_identifiers.clone(),
+        second.properties.subscription_identifiers.clone(),
+    ];
+    ids.sort();
+    assert_eq!(ids, vec![vec![42], vec![43]]);
+    assert_eq!(handle.ack(&first).await, AckOutcome::Sent);
+    assert_eq!(handle.ack(&second).await, AckOutcome::Sent);
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{end_of, next_delivery, options, unique, until, Broker, SHARED_PORT};
+use common::{end_of, next_delivery, options, shared_port, unique, until, Broker};
 use wharf_mqtt::{
     AckOutcome, ConnectOptions, Credentials, DisconnectCause, DisconnectReason, MqttError, QoS,
     Session, SubscribeReason,
@@ -31,7 +31,7 @@ async fn end_session(port: u16, client_id: &str) {
 async fn an_unacked_delivery_is_replayed_and_a_stale_ack_sends_nothing() {
     let client_id = unique("persist");
     let topic = format!("{}/t", unique("wharf-test/persist"));
-    let mut session = persistent(SHARED_PORT, &client_id);
+    let mut session = persistent(shared_port(), &client_id);
     let (first, mut first_deliveries) = Session::connect(session.clone()).await.unwrap();
     assert!(!first.connack().session_present);
     let granted = first
@@ -39,7 +39,7 @@ async fn an_unacked_delivery_is_replayed_and_a_stale_ack_sends_nothing() {
         .await
         .unwrap();
     assert_eq!(granted, vec![SubscribeReason::Granted(QoS::AtLeastOnce)]);
-    let (publisher, _) = Session::connect(options(SHARED_PORT, &unique("pub")))
+    let (publisher, _) = Session::connect(options(shared_port(), &unique("pub")))
         .await
         .unwrap();
     publisher
@@ -96,7 +96,7 @@ async fn an_unacked_delivery_is_replayed_and_a_stale_ack_sends_nothing() {
     assert_eq!((&next.payload[..], next.dup), (&b"marker"[..], false));
     assert_eq!(fourth.ack(&next).await, AckOutcome::Sent);
     fourth.disconnect(DisconnectReason::Normal).await.unwrap();
-    end_session(SHARED_PORT, &client_id).await;
+    end_session(shared_port(), &client_id).await;
 }
 
 #[tokio::test]

@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::{options, unique, Broker, SHARED_PORT};
+use common::{options, shared_port, unique, Broker};
 use wharf_mqtt::{MqttError, QoS, Session, SubscribeReason, UnsubscribeReason};
 
 #[tokio::test]
 async fn twenty_five_concurrent_subscribes_each_get_their_own_suback() {
-    let (handle, _deliveries) = Session::connect(options(SHARED_PORT, &unique("conc")))
+    let (handle, _deliveries) = Session::connect(options(shared_port(), &unique("conc")))
         .await
         .unwrap();
     // Mosquitto allows 20 in flight: more requests than ids would collide without our allocator.
@@ -54,11 +54,11 @@ const DYNSEC: &str = r#"{
 
 #[tokio::test]
 async fn an_acl_denied_filter_is_not_authorized_in_its_position() {
-    let broker = Broker::start_with(
-        "plugin /usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so\n\
-         plugin_opt_config_file {dir}/dynamic-security.json",
-        &[("dynamic-security.json", DYNSEC)],
+    let config = format!(
+        "plugin {}\nplugin_opt_config_file {{dir}}/dynamic-security.json",
+        common::dynamic_security_plugin().display()
     );
+    let broker = Broker::start_with(&config, &[("dynamic-security.json", DYNSEC)]);
     let (handle, _deliveries) = Session::connect(options(broker.port, &unique("acl")))
         .await
         .unwrap();
@@ -106,7 +106,7 @@ async fn max_qos_one_grants_one_for_a_requested_two() {
 
 #[tokio::test]
 async fn unsubscribe_tells_removed_from_never_subscribed() {
-    let (handle, _deliveries) = Session::connect(options(SHARED_PORT, &unique("unsub")))
+    let (handle, _deliveries) = Session::connect(options(shared_port(), &unique("unsub")))
         .await
         .unwrap();
     let base = unique("wharf-test/unsub");
@@ -146,7 +146,7 @@ async fn unsubscribe_tells_removed_from_never_subscribed() {
 
 #[tokio::test]
 async fn bad_requests_are_refused_before_anything_is_sent() {
-    let (handle, _deliveries) = Session::connect(options(SHARED_PORT, &unique("bad")))
+    let (handle, _deliveries) = Session::connect(options(shared_port(), &unique("bad")))
         .await
         .unwrap();
     let error = handle.subscribe(Vec::new(), None).await.unwrap_err();

@@ -12,8 +12,46 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use wharf_mqtt::{ConnectOptions, Deliveries, Delivery, DisconnectCause};
 
-/// The shared broker every test may use.
-pub const SHARED_PORT: u16 = 1883;
+/// The port of the shared loopback broker every test may use: `WHARF_TEST_MQTT_URL`
+/// (`mqtt://127.0.0.1:1883` by default, as `scripts/services.sh` provides it).
+pub fn shared_port() -> u16 {
+    let url = std::env::var("WHARF_TEST_MQTT_URL")
+        .unwrap_or_else(|_| "mqtt://127.0.0.1:1883".to_string());
+    let rest = url.strip_prefix("mqtt://").unwrap_or(&url);
+    let (host, port) = rest.rsplit_once(':').unwrap_or((rest, "1883"));
+    assert!(
+        matches!(host, "127.0.0.1" | "localhost"),
+        "WHARF_TEST_MQTT_URL must name a loopback broker, not {url}"
+    );
+    port.trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|_| panic!("WHARF_TEST_MQTT_URL has no valid port: {url}"))
+}
+
+/// The mosquitto binary: on PATH, or where Debian installs it.
+fn mosquitto_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("mosquitto"))
+            .find(|candidate| candidate.is_file())
+    });
+    on_path.unwrap_or_else(|| PathBuf::from("/usr/sbin/mosquitto"))
+}
+
+/// Mosquitto's dynamic security plugin, which (unlike `acl_file`) can refuse a SUBSCRIBE.
+pub fn dynamic_security_plugin() -> PathBuf {
+    let candidates = [
+        "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so",
+        "/usr/lib/aarch64-linux-gnu/mosquitto_dynamic_security.so",
+        "/usr/lib/mosquitto_dynamic_security.so",
+        "/usr/local/lib/mosquitto_dynamic_security.so",
+    ];
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| panic!("no mosquitto_dynamic_security.so in {candidates:?}"))
+}
 /// How long any single wait in a test may take.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -92,13 +130,13 @@ impl Broker {
             let path = dir.path().join("mosquitto.conf");
             std::fs::write(&path, config).expect("write mosquitto.conf");
             let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("log file");
-            let child = Command::new("/usr/sbin/mosquitto")
+            let child = Command::new(mosquitto_binary())
                 .arg("-c")
                 .arg(&path)
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
-                .expect("start /usr/sbin/mosquitto");
+                .expect("start mosquitto");
             let mut broker = Broker {
                 port,
                 child: Some(child),
