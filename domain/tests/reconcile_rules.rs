@@ -640,3 +640,43 @@ fn subscription_ids_are_stable_and_in_range() {
     assert!((1..=268_435_455).contains(&id));
     assert_ne!(id, subscription_id(&f("s/#")));
 }
+
+#[test]
+fn from_ledger_fails_closed_on_unknown_history_and_migration() {
+    use wharf_domain::session::{ManagedFilterEvent, ManagedSession, ManagedSessionError};
+    let settings = ReconcileSettings {
+        unmatched_grace: GRACE,
+    };
+    let unknown = ManagedSession::default();
+    let err = Reconciler::from_ledger(vec![(f("a"), Q1)], &unknown, settings).unwrap_err();
+    assert_eq!(err, ManagedSessionError::HistoryUnknown);
+    let seeded = ManagedFilterEvent::BaselineSeeded {
+        filters: vec![f("old")],
+        source: "cli".into(),
+    };
+    let known = ManagedSession::fold(std::slice::from_ref(&seeded));
+    let m = Reconciler::from_ledger(vec![(f("a"), Q1)], &known, settings).expect("known history");
+    assert_eq!(m.pending_stale(), vec![f("old")]);
+    let migration = ManagedFilterEvent::MigrationRequired {
+        reason: "replay".into(),
+        filters: vec![],
+    };
+    let terminal = ManagedSession::fold(&[seeded, migration]);
+    let err = Reconciler::from_ledger(vec![], &terminal, settings).unwrap_err();
+    assert_eq!(
+        err,
+        ManagedSessionError::MigrationRequired {
+            reason: "replay".into()
+        }
+    );
+    let err = Reconciler::from_ledger(
+        vec![(f("a"), Q1), (f("a"), Qos::ExactlyOnce)],
+        &known,
+        settings,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ManagedSessionError::ConflictingQos { .. }),
+        "{err}"
+    );
+}

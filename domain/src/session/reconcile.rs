@@ -52,7 +52,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::exact_filter::{ExactFilter, Qos};
-use super::ledger::{is_removal_verified, FilterRecord, SubscribeOutcome};
+use super::ledger::{
+    is_removal_verified, FilterRecord, ManagedSession, ManagedSessionError, SubscribeOutcome,
+};
 use crate::error::ValidationError;
 use deliveries::Parked;
 use plan::to_remember;
@@ -127,20 +129,50 @@ impl Reconciler {
         history: BTreeMap<ExactFilter, FilterRecord>,
         settings: ReconcileSettings,
     ) -> Result<Self, ValidationError> {
-        let mut merged = BTreeMap::new();
-        for (filter, qos) in desired {
-            if let Some(first) = merged.insert(filter.clone(), qos) {
-                if first != qos {
-                    return Err(ValidationError::new(
-                        "subscriptions",
-                        filter.as_str(),
-                        &format!("the filter is desired at QoS {first} and at QoS {qos}"),
-                    ));
-                }
-            }
+        let desired = strict_desired(desired).map_err(|(filter, first, second)| {
+            ValidationError::new(
+                "subscriptions",
+                filter.as_str(),
+                &format!("the filter is desired at QoS {first} and at QoS {second}"),
+            )
+        })?;
+        Ok(Self::build(desired, history, settings))
+    }
+
+    /// A machine for `desired` against a ledger's state, failing closed: refuses an unknown
+    /// history (never seeded), a ledger in the terminal migration-required state, and a filter
+    /// desired at two QoS levels.
+    pub fn from_ledger(
+        desired: Vec<(ExactFilter, Qos)>,
+        ledger: &ManagedSession,
+        settings: ReconcileSettings,
+    ) -> Result<Self, ManagedSessionError> {
+        if let Some(reason) = &ledger.migration_required {
+            return Err(ManagedSessionError::MigrationRequired {
+                reason: reason.clone(),
+            });
         }
-        Ok(Self {
-            desired: merged,
+        let history = ledger
+            .history
+            .clone()
+            .ok_or(ManagedSessionError::HistoryUnknown)?;
+        let desired = strict_desired(desired).map_err(|(filter, first, second)| {
+            ManagedSessionError::ConflictingQos {
+                filter,
+                first,
+                second,
+            }
+        })?;
+        Ok(Self::build(desired, history, settings))
+    }
+
+    fn build(
+        desired: BTreeMap<ExactFilter, Qos>,
+        history: BTreeMap<ExactFilter, FilterRecord>,
+        settings: ReconcileSettings,
+    ) -> Self {
+        Self {
+            desired,
             history,
             settings,
             remember_outstanding: None,
@@ -153,7 +185,7 @@ impl Reconciler {
             last_failure: None,
             ignored_inputs: 0,
             now: Duration::ZERO,
-        })
+        }
     }
 
     /// The current level.
@@ -521,6 +553,21 @@ impl Reconciler {
         };
         connection.parked.insert(id, parked);
     }
+}
+
+/// The desired set by filter; a filter listed at two QoS levels is the error.
+fn strict_desired(
+    desired: Vec<(ExactFilter, Qos)>,
+) -> Result<BTreeMap<ExactFilter, Qos>, (ExactFilter, Qos, Qos)> {
+    let mut merged = BTreeMap::new();
+    for (filter, qos) in desired {
+        if let Some(first) = merged.insert(filter.clone(), qos) {
+            if first != qos {
+                return Err((filter, first, qos));
+            }
+        }
+    }
+    Ok(merged)
 }
 
 /// What is wrong with a SUBACK for the desired filters: refused, downgraded or unanswered.
