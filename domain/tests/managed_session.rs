@@ -405,3 +405,13 @@ fn the_state_round_trips_through_json() {
     assert_eq!(back, state);
     assert_eq!(ManagedSession::TYPE, "managed_session");
 }
+
+#[test]
+fn acknowledgements_and_forgets_never_make_an_unknown_history_known() {
+    let ack = ManagedFilterEvent::SubscribeAcknowledged {
+        filter: f("a"),
+        requested: Q1,
+        outcome: SubscribeOutcome::Granted { qos: Q1 },
+    };
+    assert!(!ManagedSession::fold(&[ack, forgotten("a", 0)]).is_known());
+}

@@ -429,6 +429,7 @@ impl World {
         if self.terminal {
             assert_eq!(self.machine.level(), SessionLevel::MigrationRequired);
         }
+        self.check_deadline();
         let level = self.machine.level();
         if level >= SessionLevel::Subscribed && !self.terminal && !self.desired.is_empty() {
             assert_eq!(
@@ -436,6 +437,24 @@ impl World {
                 "{level} without a full SUBACK"
             );
         }
+    }
+
+    /// `next_deadline` is honest: a Tick before it changes nothing; with none, no Tick does.
+    fn check_deadline(&self) {
+        let mut probe = self.machine.clone();
+        let quiet_until = match probe.next_deadline() {
+            Some(deadline) if deadline > self.now => deadline - Duration::from_nanos(1),
+            Some(deadline) => panic!(
+                "deadline {deadline:?} passed unhandled at {:?}: {probe:?}",
+                self.now
+            ),
+            None => self.now + Duration::from_secs(3600),
+        };
+        let actions = probe.handle(Input::Tick, quiet_until);
+        assert!(
+            actions.is_empty(),
+            "a Tick before the deadline acted: {actions:?}"
+        );
     }
 
     fn check_action(&mut self, action: &Action) {

@@ -407,6 +407,11 @@ fn desired_deliveries_dispatch_once_subscribed_in_arrival_order() {
     d.connect();
     let (first, early) = d.deliver("a/1", false, vec![]);
     assert_eq!(early, vec![], "waits for the SUBACK");
+    assert_eq!(
+        d.machine.next_deadline(),
+        None,
+        "no clock involved in that wait"
+    );
     let actions = d.suback(&[("a/#", granted(Q1))]);
     assert!(
         actions.contains(&Action::Dispatch { id: first }),

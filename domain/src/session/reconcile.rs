@@ -223,15 +223,20 @@ impl Reconciler {
 
     /// The earliest time a [`Input::Tick`] would change something, if any.
     pub fn next_deadline(&self) -> Option<Now> {
+        if self.terminal.is_some() {
+            return None;
+        }
         let connection = self.connection.as_ref()?;
         let window = match connection.stage {
             Stage::Verifying { until } => Some(until),
             _ => None,
         };
+        // Only a delivery that matches no known filter waits on the clock.
         let grace = connection
             .parked
             .values()
-            .map(|p| p.arrived + self.settings.unmatched_grace)
+            .filter(|p| self.came_through(p).is_empty())
+            .map(|p| p.arrived.saturating_add(self.settings.unmatched_grace))
             .min();
         window.into_iter().chain(grace).min()
     }
