@@ -333,10 +333,17 @@ fn a_verified_removal_recycles_watches_one_window_then_forgets_and_reaches_full(
         "not Full before the ledger commits"
     );
     assert_eq!(
+        d.machine.status().pending_stale,
+        vec![f("gone"), f("old/#")]
+    );
+    assert_eq!(
         d.feed(Input::Forgotten),
         vec![Action::Level(SessionLevel::Full)]
     );
-    assert_eq!(d.machine.history().len(), 1);
+    let status = d.machine.status();
+    assert_eq!(status.history, vec![f("new/#")]);
+    assert!(status.pending_stale.is_empty() && status.last_failure.is_none());
+    assert_eq!(status.level, SessionLevel::Full);
 }
 
 #[test]

@@ -46,7 +46,7 @@ mod io;
 mod plan;
 mod removal;
 
-pub use io::{Action, Input, SessionLevel};
+pub use io::{Action, Input, ReconcileStatus, SessionLevel};
 pub use plan::{plan, subscription_id, Plan};
 
 use std::collections::BTreeMap;
@@ -219,6 +219,17 @@ impl Reconciler {
     /// How many inputs were ignored: another generation's, or no longer expected.
     pub fn ignored_inputs(&self) -> u64 {
         self.ignored_inputs
+    }
+
+    /// A snapshot for the API.
+    pub fn status(&self) -> ReconcileStatus {
+        ReconcileStatus {
+            level: self.level,
+            history: self.history.keys().cloned().collect(),
+            pending_stale: self.pending_stale(),
+            last_failure: self.last_failure().map(str::to_owned),
+            ignored_inputs: self.ignored_inputs,
+        }
     }
 
     /// The earliest time a [`Input::Tick`] would change something, if any.
