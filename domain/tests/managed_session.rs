@@ -369,6 +369,10 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
             ManagedFilterEvent::decode(event_type, &payload).unwrap(),
             event
         );
+        let plain: ManagedFilterEvent = serde_json::from_value(payload).unwrap();
+        if event_type != "BaselineExtended" {
+            assert_eq!(plain, event, "plain Deserialize of {event_type}");
+        }
     }
 }
 
