@@ -369,6 +369,10 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
             ManagedFilterEvent::decode(event_type, &payload).unwrap(),
             event
         );
+        let plain: ManagedFilterEvent = serde_json::from_value(payload).unwrap();
+        if event_type != "BaselineExtended" {
+            assert_eq!(plain, event, "plain Deserialize of {event_type}");
+        }
     }
 }
 
@@ -404,4 +408,14 @@ fn the_state_round_trips_through_json() {
     let back: ManagedSession = serde_json::from_value(json).unwrap();
     assert_eq!(back, state);
     assert_eq!(ManagedSession::TYPE, "managed_session");
+}
+
+#[test]
+fn acknowledgements_and_forgets_never_make_an_unknown_history_known() {
+    let ack = ManagedFilterEvent::SubscribeAcknowledged {
+        filter: f("a"),
+        requested: Q1,
+        outcome: SubscribeOutcome::Granted { qos: Q1 },
+    };
+    assert!(!ManagedSession::fold(&[ack, forgotten("a", 0)]).is_known());
 }

@@ -333,10 +333,17 @@ fn a_verified_removal_recycles_watches_one_window_then_forgets_and_reaches_full(
         "not Full before the ledger commits"
     );
     assert_eq!(
+        d.machine.status().pending_stale,
+        vec![f("gone"), f("old/#")]
+    );
+    assert_eq!(
         d.feed(Input::Forgotten),
         vec![Action::Level(SessionLevel::Full)]
     );
-    assert_eq!(d.machine.history().len(), 1);
+    let status = d.machine.status();
+    assert_eq!(status.history, vec![f("new/#")]);
+    assert!(status.pending_stale.is_empty() && status.last_failure.is_none());
+    assert_eq!(status.level, SessionLevel::Full);
 }
 
 #[test]
@@ -407,6 +414,11 @@ fn desired_deliveries_dispatch_once_subscribed_in_arrival_order() {
     d.connect();
     let (first, early) = d.deliver("a/1", false, vec![]);
     assert_eq!(early, vec![], "waits for the SUBACK");
+    assert_eq!(
+        d.machine.next_deadline(),
+        None,
+        "no clock involved in that wait"
+    );
     let actions = d.suback(&[("a/#", granted(Q1))]);
     assert!(
         actions.contains(&Action::Dispatch { id: first }),
@@ -639,4 +651,44 @@ fn subscription_ids_are_stable_and_in_range() {
     assert_eq!(id, subscription_id(&f("$share/g/s/#")));
     assert!((1..=268_435_455).contains(&id));
     assert_ne!(id, subscription_id(&f("s/#")));
+}
+
+#[test]
+fn from_ledger_fails_closed_on_unknown_history_and_migration() {
+    use wharf_domain::session::{ManagedFilterEvent, ManagedSession, ManagedSessionError};
+    let settings = ReconcileSettings {
+        unmatched_grace: GRACE,
+    };
+    let unknown = ManagedSession::default();
+    let err = Reconciler::from_ledger(vec![(f("a"), Q1)], &unknown, settings).unwrap_err();
+    assert_eq!(err, ManagedSessionError::HistoryUnknown);
+    let seeded = ManagedFilterEvent::BaselineSeeded {
+        filters: vec![f("old")],
+        source: "cli".into(),
+    };
+    let known = ManagedSession::fold(std::slice::from_ref(&seeded));
+    let m = Reconciler::from_ledger(vec![(f("a"), Q1)], &known, settings).expect("known history");
+    assert_eq!(m.pending_stale(), vec![f("old")]);
+    let migration = ManagedFilterEvent::MigrationRequired {
+        reason: "replay".into(),
+        filters: vec![],
+    };
+    let terminal = ManagedSession::fold(&[seeded, migration]);
+    let err = Reconciler::from_ledger(vec![], &terminal, settings).unwrap_err();
+    assert_eq!(
+        err,
+        ManagedSessionError::MigrationRequired {
+            reason: "replay".into()
+        }
+    );
+    let err = Reconciler::from_ledger(
+        vec![(f("a"), Q1), (f("a"), Qos::ExactlyOnce)],
+        &known,
+        settings,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ManagedSessionError::ConflictingQos { .. }),
+        "{err}"
+    );
 }

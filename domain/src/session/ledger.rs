@@ -515,11 +515,16 @@ impl Aggregate for ManagedSession {
                 requested,
                 outcome,
             } => {
-                self.history_mut().entry(filter).or_default().last_ack =
-                    Some(Acknowledgement { requested, outcome });
+                // Never decided for an unknown history; such an event does not make it known.
+                if let Some(history) = self.history.as_mut() {
+                    history.entry(filter).or_default().last_ack =
+                        Some(Acknowledgement { requested, outcome });
+                }
             }
             ManagedFilterEvent::FilterForgotten { filter, .. } => {
-                self.history_mut().remove(&filter);
+                if let Some(history) = self.history.as_mut() {
+                    history.remove(&filter);
+                }
             }
             ManagedFilterEvent::MigrationRequired { reason, filters } => {
                 self.migration_required = Some(reason);

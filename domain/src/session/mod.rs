@@ -16,5 +16,6 @@ pub use ledger::{
     MANAGED_SESSION_AGGREGATE, UNSUBACK_NO_SUBSCRIPTION_EXISTED, UNSUBACK_SUCCESS,
 };
 pub use reconcile::{
-    plan, subscription_id, Action, Input, Now, Plan, ReconcileSettings, Reconciler, SessionLevel,
+    plan, subscription_id, Action, Input, Now, Plan, ReconcileSettings, ReconcileStatus,
+    Reconciler, SessionLevel,
 };

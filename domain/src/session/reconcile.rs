@@ -44,18 +44,22 @@
 mod deliveries;
 mod io;
 mod plan;
+mod removal;
 
-pub use io::{Action, Input, SessionLevel};
+pub use io::{Action, Input, ReconcileStatus, SessionLevel};
 pub use plan::{plan, subscription_id, Plan};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::exact_filter::{ExactFilter, Qos};
-use super::ledger::{is_removal_verified, FilterRecord, SubscribeOutcome};
+use super::ledger::{
+    is_removal_verified, FilterRecord, ManagedSession, ManagedSessionError, SubscribeOutcome,
+};
 use crate::error::ValidationError;
 use deliveries::Parked;
 use plan::to_remember;
+use removal::join_limited;
 
 /// A point in time: how long since an arbitrary epoch the driver chose (its monotonic clock).
 pub type Now = Duration;
@@ -127,20 +131,50 @@ impl Reconciler {
         history: BTreeMap<ExactFilter, FilterRecord>,
         settings: ReconcileSettings,
     ) -> Result<Self, ValidationError> {
-        let mut merged = BTreeMap::new();
-        for (filter, qos) in desired {
-            if let Some(first) = merged.insert(filter.clone(), qos) {
-                if first != qos {
-                    return Err(ValidationError::new(
-                        "subscriptions",
-                        filter.as_str(),
-                        &format!("the filter is desired at QoS {first} and at QoS {qos}"),
-                    ));
-                }
-            }
+        let desired = strict_desired(desired).map_err(|(filter, first, second)| {
+            ValidationError::new(
+                "subscriptions",
+                filter.as_str(),
+                &format!("the filter is desired at QoS {first} and at QoS {second}"),
+            )
+        })?;
+        Ok(Self::build(desired, history, settings))
+    }
+
+    /// A machine for `desired` against a ledger's state, failing closed: refuses an unknown
+    /// history (never seeded), a ledger in the terminal migration-required state, and a filter
+    /// desired at two QoS levels.
+    pub fn from_ledger(
+        desired: Vec<(ExactFilter, Qos)>,
+        ledger: &ManagedSession,
+        settings: ReconcileSettings,
+    ) -> Result<Self, ManagedSessionError> {
+        if let Some(reason) = &ledger.migration_required {
+            return Err(ManagedSessionError::MigrationRequired {
+                reason: reason.clone(),
+            });
         }
-        Ok(Self {
-            desired: merged,
+        let history = ledger
+            .history
+            .clone()
+            .ok_or(ManagedSessionError::HistoryUnknown)?;
+        let desired = strict_desired(desired).map_err(|(filter, first, second)| {
+            ManagedSessionError::ConflictingQos {
+                filter,
+                first,
+                second,
+            }
+        })?;
+        Ok(Self::build(desired, history, settings))
+    }
+
+    fn build(
+        desired: BTreeMap<ExactFilter, Qos>,
+        history: BTreeMap<ExactFilter, FilterRecord>,
+        settings: ReconcileSettings,
+    ) -> Self {
+        Self {
+            desired,
             history,
             settings,
             remember_outstanding: None,
@@ -153,7 +187,7 @@ impl Reconciler {
             last_failure: None,
             ignored_inputs: 0,
             now: Duration::ZERO,
-        })
+        }
     }
 
     /// The current level.
@@ -187,17 +221,33 @@ impl Reconciler {
         self.ignored_inputs
     }
 
+    /// A snapshot for the API.
+    pub fn status(&self) -> ReconcileStatus {
+        ReconcileStatus {
+            level: self.level,
+            history: self.history.keys().cloned().collect(),
+            pending_stale: self.pending_stale(),
+            last_failure: self.last_failure().map(str::to_owned),
+            ignored_inputs: self.ignored_inputs,
+        }
+    }
+
     /// The earliest time a [`Input::Tick`] would change something, if any.
     pub fn next_deadline(&self) -> Option<Now> {
+        if self.terminal.is_some() {
+            return None;
+        }
         let connection = self.connection.as_ref()?;
         let window = match connection.stage {
             Stage::Verifying { until } => Some(until),
             _ => None,
         };
+        // Only a delivery that matches no known filter waits on the clock.
         let grace = connection
             .parked
             .values()
-            .map(|p| p.arrived + self.settings.unmatched_grace)
+            .filter(|p| self.came_through(p).is_empty())
+            .map(|p| p.arrived.saturating_add(self.settings.unmatched_grace))
             .min();
         window.into_iter().chain(grace).min()
     }
@@ -376,118 +426,6 @@ impl Reconciler {
         self.unsubscribe_or_settle(actions);
     }
 
-    fn unsubscribe_or_settle(&mut self, actions: &mut Vec<Action>) {
-        let pending: Vec<ExactFilter> = self
-            .stale()
-            .filter(|f| !self.removed.contains_key(*f))
-            .cloned()
-            .collect();
-        let Some(connection) = self.connection.as_mut() else {
-            return;
-        };
-        if !pending.is_empty() && !connection.unsubscribe_attempted {
-            connection.unsubscribe_attempted = true;
-            connection.unsubscribing = pending.clone();
-            connection.stage = Stage::AwaitUnsubAck;
-            actions.push(Action::Unsubscribe(pending));
-            return;
-        }
-        connection.stage = Stage::Settled;
-        if pending.is_empty() && self.removed.is_empty() {
-            self.last_failure = None;
-            self.set_level(SessionLevel::Full, actions);
-        } else {
-            let reason = format!(
-                "unsubscribe not verified for {}; kept in history for a retry",
-                join_limited(&pending.iter().map(quoted).collect::<Vec<_>>())
-            );
-            self.last_failure = Some(reason.clone());
-            actions.push(Action::Failed { reason });
-        }
-    }
-
-    fn on_unsuback(
-        &mut self,
-        generation: u64,
-        outcomes: Vec<(ExactFilter, u8)>,
-        actions: &mut Vec<Action>,
-    ) {
-        let terminal = self.terminal.is_some();
-        let Some(connection) = self.current(generation) else {
-            return;
-        };
-        if connection.stage != Stage::AwaitUnsubAck || terminal {
-            self.ignored_inputs += 1;
-            return;
-        }
-        let requested = std::mem::take(&mut connection.unsubscribing);
-        let answered: BTreeMap<ExactFilter, u8> = outcomes.into_iter().collect();
-        let mut newly_removed = false;
-        for filter in requested {
-            if let Some(&reason_code) = answered.get(&filter) {
-                if is_removal_verified(reason_code) {
-                    let removal = Removal {
-                        reason_code,
-                        generation,
-                    };
-                    self.removed.insert(filter, removal);
-                    newly_removed = true;
-                }
-            }
-        }
-        if newly_removed {
-            if let Some(connection) = self.connection.as_mut() {
-                connection.stage = Stage::Recycling;
-            }
-            actions.push(Action::Recycle);
-        } else {
-            self.unsubscribe_or_settle(actions);
-        }
-    }
-
-    /// Ends a verification window whose time has come: Forget the verified removals.
-    fn on_time(&mut self, actions: &mut Vec<Action>) {
-        let now = self.now;
-        if self.terminal.is_some() {
-            return;
-        }
-        let Some(connection) = self.connection.as_mut() else {
-            return;
-        };
-        let Stage::Verifying { until } = connection.stage else {
-            return;
-        };
-        if now < until {
-            return;
-        }
-        connection.stage = Stage::AwaitForget;
-        let forget: Vec<(ExactFilter, u8)> = self
-            .removed
-            .iter()
-            .map(|(f, r)| (f.clone(), r.reason_code))
-            .collect();
-        self.forget_outstanding = Some(forget.clone());
-        actions.push(Action::Forget(forget));
-    }
-
-    fn on_forgotten(&mut self, actions: &mut Vec<Action>) {
-        let Some(forgotten) = self.forget_outstanding.take() else {
-            self.ignored_inputs += 1;
-            return;
-        };
-        for (filter, _) in forgotten {
-            self.history.remove(&filter);
-            self.removed.remove(&filter);
-        }
-        let waiting = self
-            .connection
-            .as_ref()
-            .is_some_and(|c| c.stage == Stage::AwaitForget);
-        if waiting && self.terminal.is_none() {
-            self.unsubscribe_or_settle(actions);
-        }
-    }
-
     fn on_disconnected(&mut self, generation: u64, actions: &mut Vec<Action>) {
         if self.current(generation).is_none() {
             return;
@@ -523,6 +461,21 @@ impl Reconciler {
     }
 }
 
+/// The desired set by filter; a filter listed at two QoS levels is the error.
+fn strict_desired(
+    desired: Vec<(ExactFilter, Qos)>,
+) -> Result<BTreeMap<ExactFilter, Qos>, (ExactFilter, Qos, Qos)> {
+    let mut merged = BTreeMap::new();
+    for (filter, qos) in desired {
+        if let Some(first) = merged.insert(filter.clone(), qos) {
+            if first != qos {
+                return Err((filter, first, qos));
+            }
+        }
+    }
+    Ok(merged)
+}
+
 /// What is wrong with a SUBACK for the desired filters: refused, downgraded or unanswered.
 fn suback_problems(
     desired: &BTreeMap<ExactFilter, Qos>,
@@ -541,23 +494,4 @@ fn suback_problems(
             Some(SubscribeOutcome::Granted { .. }) => None,
         })
         .collect()
-}
-
-fn quoted(filter: &ExactFilter) -> String {
-    format!("\"{filter}\"")
-}
-
-/// Joins at most ten items, saying how many more there were.
-fn join_limited(items: &[String]) -> String {
-    const SHOWN: usize = 10;
-    let mut text = items
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("; ");
-    if items.len() > SHOWN {
-        text.push_str(&format!("; and {} more", items.len() - SHOWN));
-    }
-    text
 }

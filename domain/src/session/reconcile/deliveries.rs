@@ -88,7 +88,7 @@ impl Reconciler {
     /// The known filters (desired or in history) the delivery came through: those whose
     /// subscription id it carries and whose topic filter matches; failing that, every known
     /// filter that matches its topic.
-    fn came_through(&self, parked: &Parked) -> Vec<&ExactFilter> {
+    pub(super) fn came_through(&self, parked: &Parked) -> Vec<&ExactFilter> {
         let matching = || {
             self.desired
                 .keys()

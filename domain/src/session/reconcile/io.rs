@@ -103,14 +103,16 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write these filters to the ledger (`ManagedSessionCommand::Remember`), then send
-    /// [`Input::Remembered`].
+    /// [`Input::Remembered`]. If the write fails, rebuild the machine from the ledger, as
+    /// after a crash: nothing is subscribed meanwhile.
     Remember(Vec<(ExactFilter, Qos)>),
     /// SUBSCRIBE these filters on the current connection, each with its [`subscription_id`](super::subscription_id).
     Subscribe(Vec<(ExactFilter, Qos)>),
     /// UNSUBSCRIBE exactly these strings on the current connection.
     Unsubscribe(Vec<ExactFilter>),
     /// Write these removals to the ledger (`ManagedSessionCommand::Forget`), then send
-    /// [`Input::Forgotten`].
+    /// [`Input::Forgotten`]. If the write fails, rebuild the machine from the ledger: the
+    /// filters stay in history and the next start removes and verifies them again.
     Forget(Vec<(ExactFilter, u8)>),
     /// Close the connection and open a new one now (no backoff).
     Recycle,
@@ -145,4 +147,19 @@ pub enum Action {
     },
     /// The session's level changed.
     Level(SessionLevel),
+}
+
+/// What the machine reports about its session, for the API and `wharf sessions show`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileStatus {
+    /// The current level.
+    pub level: SessionLevel,
+    /// Every filter that may exist at the broker (the history, as committed).
+    pub history: Vec<ExactFilter>,
+    /// History filters not desired: awaiting removal.
+    pub pending_stale: Vec<ExactFilter>,
+    /// Why the last attempt failed, or the migration reason; `None` after reaching Full.
+    pub last_failure: Option<String>,
+    /// Inputs of another connection, or no longer expected, that were ignored.
+    pub ignored_inputs: u64,
 }
