@@ -327,9 +327,11 @@ impl<'a> Run<'a> {
             other => Some(format!("reconciling ({other})")),
         };
         tracing::info!(%level, "session level");
+        let pending = pending_strings(machine);
         self.status.send_modify(|s| {
             s.level = level;
             s.reason = reason;
+            s.pending_stale = pending;
         });
     }
 
@@ -343,11 +345,7 @@ impl<'a> Run<'a> {
     }
 
     fn publish_machine(&self, machine: &Reconciler) {
-        let pending: Vec<String> = machine
-            .pending_stale()
-            .iter()
-            .map(|f| f.as_str().to_owned())
-            .collect();
+        let pending = pending_strings(machine);
         self.status.send_if_modified(|s| {
             let changed = s.pending_stale != pending;
             s.pending_stale.clone_from(&pending);
@@ -556,6 +554,14 @@ impl<'a> Run<'a> {
             .find(|(filter, _, _)| filter.matches(topic))
             .map(|(_, _, log_topic)| log_topic.clone())
     }
+}
+
+fn pending_strings(machine: &Reconciler) -> Vec<String> {
+    machine
+        .pending_stale()
+        .iter()
+        .map(|f| f.as_str().to_owned())
+        .collect()
 }
 
 async fn disconnect(connection: &Connection, reason: DisconnectReason) {
