@@ -131,6 +131,62 @@ mod tests {
     }
 
     #[test]
+    fn the_session_schemas_match_what_serializes() {
+        let doc = document();
+        let live = crate::sessions::LiveSession {
+            name: "plant".into(),
+            session_id: "ms-0".into(),
+            identity: "mqtt://h:1883".into(),
+            level: "full".into(),
+            ready: true,
+            reason: None,
+            generation: Some(1),
+            pending_stale: Vec::new(),
+            last_reconcile: None,
+            ingested: 0,
+            held: 0,
+            dropped_unmatched: 0,
+        };
+        let history = wharf_projections::ManagedSessionView {
+            session_id: "ms-0".into(),
+            baseline_source: "cli".into(),
+            migration_required: None,
+            last_position: 1,
+            filters: vec![wharf_projections::ManagedFilterView {
+                filter: "a/#".into(),
+                state: "granted".into(),
+                requested_qos: Some(1),
+                granted_qos: Some(1),
+                reason_code: None,
+                since_position: 1,
+                updated_position: 1,
+            }],
+        };
+        let detail = crate::sessions::SessionDetail {
+            session_id: "ms-0".into(),
+            live: Some(live.clone()),
+            history: Some(history.clone()),
+        };
+        let as_value = |v: &dyn erased::Serialize| v.to_value();
+        assert_schema_matches(&doc, "LiveSession", &as_value(&live));
+        assert_schema_matches(&doc, "ManagedSession", &as_value(&history));
+        assert_schema_matches(&doc, "ManagedFilter", &as_value(&history.filters[0]));
+        assert_schema_matches(&doc, "SessionDetail", &as_value(&detail));
+    }
+
+    /// Serializing test values of several types through one closure.
+    mod erased {
+        pub trait Serialize {
+            fn to_value(&self) -> serde_json::Value;
+        }
+        impl<T: serde::Serialize> Serialize for T {
+            fn to_value(&self) -> serde_json::Value {
+                serde_json::to_value(self).unwrap_or_default()
+            }
+        }
+    }
+
+    #[test]
     fn the_queue_schemas_match_what_serializes() {
         let doc = document();
         let queue = serde_json::to_value(GroupQueue::default()).unwrap_or_default();

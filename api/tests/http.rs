@@ -1262,3 +1262,148 @@ async fn unreachable_postgres_is_unavailable_but_live() {
     }
     app.shut_down().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Managed MQTT sessions
+// ---------------------------------------------------------------------------------------------
+
+/// A runtime report as a session source would give it.
+fn live_session(name: &str, session_id: &str, level: &str) -> wharf_api::LiveSession {
+    wharf_api::LiveSession {
+        name: name.into(),
+        session_id: session_id.into(),
+        identity: "mqtt://127.0.0.1:1883 client=c mode=persistent".into(),
+        level: level.into(),
+        ready: level == "full",
+        reason: (level != "full").then(|| "the managed-filter history is unknown".into()),
+        generation: None,
+        pending_stale: Vec::new(),
+        last_reconcile: None,
+        ingested: 0,
+        held: 0,
+        dropped_unmatched: 0,
+    }
+}
+
+/// Seeds a session's baseline through the locked executor, as `wharf sessions seed` does.
+async fn seed_session(store: &Store, session_id: &str, filters: &[&str]) {
+    use wharf_domain::session::{
+        ExactFilter, ManagedFilterEvent, ManagedSession, ManagedSessionCommand,
+        MANAGED_SESSION_AGGREGATE,
+    };
+    let filters: Vec<ExactFilter> = filters
+        .iter()
+        .map(|f| ExactFilter::parse(f).unwrap())
+        .collect();
+    let lock = wharf_store::StreamLock {
+        aggregate_type: MANAGED_SESSION_AGGREGATE,
+        aggregate_id: session_id.into(),
+        after_sequence: 0,
+    };
+    store
+        .execute(lock, move |snapshot| {
+            let events: Vec<ManagedFilterEvent> = snapshot
+                .events
+                .iter()
+                .map(|e| ManagedFilterEvent::decode(&e.event_type, &e.payload).unwrap())
+                .collect();
+            let command = ManagedSessionCommand::Seed {
+                filters,
+                source: "test".into(),
+            };
+            let new = ManagedSession::fold(&events).decide(&command).unwrap();
+            let new = new
+                .iter()
+                .map(|e| NewEvent::from_domain(e, json!({})).unwrap())
+                .collect();
+            Ok::<_, std::convert::Infallible>((wharf_store::Write::events(new), ()))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+async fn sessions(store: Store) {
+    seed_session(
+        &store,
+        "ms-00000000000000000000000000000001",
+        &["a/#", "$share/g/b/+"],
+    )
+    .await;
+    seed_session(&store, "ms-00000000000000000000000000000002", &[]).await;
+    let read_model = ReadModel::new(store.clone(), TTL);
+    let levels = std::sync::Arc::new(std::sync::Mutex::new("starting"));
+    let reported = levels.clone();
+    let state = ApiState::new(read_model).with_sessions(move || {
+        let level = *reported.lock().unwrap();
+        vec![live_session(
+            "plant",
+            "ms-00000000000000000000000000000001",
+            level,
+        )]
+    });
+    let app = App::start(state).await;
+
+    let (status, body) = app.get("/api/v1/sessions").await;
+    assert_eq!(status, 200, "{body}");
+    let listed = body["sessions"].as_array().unwrap();
+    assert_eq!(
+        listed.len(),
+        2,
+        "the running session, then the recorded one: {body}"
+    );
+    assert_eq!(listed[0]["live"]["name"], "plant");
+    assert_eq!(listed[0]["live"]["level"], "starting");
+    let filters: Vec<&str> = listed[0]["history"]["filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["filter"].as_str().unwrap())
+        .collect();
+    assert_eq!(filters, ["$share/g/b/+", "a/#"]);
+    assert!(listed[1]["live"].is_null());
+    assert_eq!(
+        listed[1]["history"]["filters"],
+        json!([]),
+        "an explicit empty baseline"
+    );
+
+    let (status, one) = app.get("/api/v1/sessions/plant").await;
+    assert_eq!(status, 200);
+    assert_eq!(one["session_id"], "ms-00000000000000000000000000000001");
+    let (status, missing) = app.get("/api/v1/sessions/nope").await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(missing["error"]["code"], "not_found");
+
+    // Readiness waits for every session to be full, naming the one that is not.
+    let (status, ready) = app.get("/readyz").await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["checks"]["mqtt:sessions"][0]["status"], "fail");
+    assert!(
+        ready["output"]
+            .as_str()
+            .unwrap()
+            .contains("plant is starting"),
+        "{ready}"
+    );
+    *levels.lock().unwrap() = "full";
+    let (status, ready) = app.get("/readyz").await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["checks"]["mqtt:sessions"][0]["status"], "pass");
+    app.shut_down().await;
+}
+
+#[tokio::test]
+async fn sqlite_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    sessions(sqlite_store(&dir, "wharf.db", true).await).await;
+}
+
+#[tokio::test]
+async fn pg_sessions() {
+    let Some(db) = PgDb::new(true).await else {
+        return;
+    };
+    sessions(db.store.clone()).await;
+    db.drop_schema().await;
+}
