@@ -32,7 +32,9 @@ pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
-pub use session_views::{managed_sessions, ManagedFilterView, ManagedSessionView};
+pub use session_views::{
+    managed_sessions, session_history, ManagedFilterView, ManagedSessionView, SessionHistoryEntry,
+};
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 
 /// How many events a catch-up transaction applies at most.

@@ -143,3 +143,49 @@ async fn pg_rows(
     tx.commit().await?;
     Ok((sessions, filters))
 }
+
+/// One event of a session's managed-filter ledger, as audit shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionHistoryEntry {
+    /// Global ledger position.
+    pub position: i64,
+    /// When the store recorded it (the store's clock).
+    pub recorded_at: chrono::DateTime<chrono::Utc>,
+    /// `BaselineSeeded`, `BaselineExtended`, `FilterRemembered`, `SubscribeAcknowledged`,
+    /// `FilterForgotten` or `MigrationRequired`.
+    pub event: String,
+    /// The event's fields (filters, QoS, SUBACK outcome, UNSUBACK reason, seed source...).
+    pub detail: serde_json::Value,
+}
+
+/// A page of one session's ledger after `after` (a position), oldest first.
+pub async fn session_history(
+    store: &Store,
+    session_id: &str,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<SessionHistoryEntry>, StoreError> {
+    let query = wharf_store::EventQuery {
+        after_position: after,
+        since: None,
+        until: None,
+        payload_field: None,
+        limit: i64::from(limit),
+    };
+    let events = store
+        .query_events(
+            wharf_domain::session::MANAGED_SESSION_AGGREGATE,
+            session_id,
+            query,
+        )
+        .await?;
+    Ok(events
+        .into_iter()
+        .map(|e| SessionHistoryEntry {
+            position: e.position,
+            recorded_at: e.recorded_at,
+            event: e.event_type,
+            detail: e.payload,
+        })
+        .collect())
+}

@@ -152,6 +152,27 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
     let listed = list_json(&store).await;
     assert_eq!(listed[0]["history"], 4);
     assert_eq!(listed[0]["pending_removal"].as_array().unwrap().len(), 4);
+
+    // The audit shows who seeded what, in ledger order; the idempotent repeats wrote nothing.
+    let audit = store
+        .run(&[
+            "--config",
+            "wharf.toml",
+            "audit",
+            "sessions",
+            "--session",
+            "plant",
+            "--json",
+        ])
+        .await;
+    let audit: Vec<Value> = serde_json::from_str(audit.success()).unwrap();
+    let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(events, ["BaselineSeeded", "BaselineExtended"]);
+    assert_eq!(audit[0]["detail"]["source"], "cli");
+    assert_eq!(
+        audit[1]["detail"]["filters"],
+        serde_json::json!(["extra/#"])
+    );
 }
 
 on_both_backends!(seeding_is_explicit_and_idempotent);

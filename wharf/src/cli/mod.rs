@@ -6,6 +6,7 @@ mod logging;
 mod maintenance;
 mod publish;
 mod serve;
+mod session_audit;
 mod session_plan;
 mod sessions;
 mod signals;
@@ -96,6 +97,9 @@ pub enum AuditCommand {
     Declarations(audit::DeclarationsArgs),
     /// What each swap did to a group's unacked messages: kept, set aside, restored, rescanned.
     Swaps(audit::SwapsArgs),
+    /// A managed MQTT session's ledger: baselines, filters remembered, SUBACK outcomes,
+    /// filters forgotten, migration requirements.
+    Sessions(session_audit::SessionAuditArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +152,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit {
             command: AuditCommand::Swaps(args),
         } => audit::swaps(&config, args).await,
+        Command::Audit {
+            command: AuditCommand::Sessions(args),
+        } => session_audit::run(&config, args).await,
         Command::Groups(args) => audit::groups(&config, args).await,
         Command::DeadLetters { command } => dead_letters::run(&config, command).await,
         Command::Publish(args) => publish::run(&config, args).await,
