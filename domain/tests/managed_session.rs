@@ -419,3 +419,42 @@ fn acknowledgements_and_forgets_never_make_an_unknown_history_known() {
     };
     assert!(!ManagedSession::fold(&[ack, forgotten("a", 0)]).is_known());
 }
+
+#[test]
+fn a_required_migration_is_resolved_by_the_operator_and_the_session_may_run_again() {
+    let resolve = || ManagedSessionCommand::ResolveMigration {
+        source: "cli".into(),
+    };
+    given(vec![
+        seeded(&["a/#"]),
+        migration("replay via $share/g/a/#", &["a/#"]),
+    ])
+    .when(resolve())
+    .then_expect_events(vec![ManagedFilterEvent::MigrationResolved {
+        source: "cli".into(),
+    }]);
+    given(vec![
+        seeded(&["a/#"]),
+        migration("replay", &["a/#"]),
+        ManagedFilterEvent::MigrationResolved {
+            source: "cli".into(),
+        },
+    ])
+    .when(remember(&[("b/#", Qos::AtLeastOnce)]))
+    .then_expect_events(vec![remembered("b/#", Qos::AtLeastOnce)]);
+    given(vec![seeded(&[])])
+        .when(resolve())
+        .then_expect_error(ManagedSessionError::NoMigrationRequired);
+}
+
+#[test]
+fn a_resolution_is_stored_with_its_source_only_and_decodes_exactly() {
+    let event = ManagedFilterEvent::MigrationResolved {
+        source: "cli".into(),
+    };
+    let payload = serde_json::to_value(&event).unwrap();
+    assert_eq!(payload, serde_json::json!({ "source": "cli" }));
+    let decoded = ManagedFilterEvent::decode("MigrationResolved", &payload).unwrap();
+    assert_eq!(decoded, event);
+    assert!(ManagedFilterEvent::decode("MigrationResolved", &serde_json::json!({})).is_err());
+}

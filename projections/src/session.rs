@@ -125,6 +125,12 @@ impl SqliteProjector for ManagedSessions {
                 )?
                 .execute(params![session, reason])?;
             }
+            ManagedFilterEvent::MigrationResolved { .. } => {
+                tx.prepare_cached(
+                    "UPDATE managed_session SET migration_required = NULL WHERE session_id = ?1",
+                )?
+                .execute(params![session])?;
+            }
         }
         tx.prepare_cached("UPDATE managed_session SET last_position = ?2 WHERE session_id = ?1")?
             .execute(params![session, position])?;
@@ -226,6 +232,16 @@ impl ManagedSessions {
                          WHERE session_id = {session} AND filter = {filter}"
                     ),
                 );
+            }
+            ManagedFilterEvent::MigrationResolved { .. } => {
+                statement.cte(
+                    "session_touched",
+                    &format!(
+                        "UPDATE managed_session SET last_position = {position}, \
+                         migration_required = NULL WHERE session_id = {session}"
+                    ),
+                );
+                return Ok(true);
             }
             ManagedFilterEvent::MigrationRequired { reason, .. } => {
                 let reason = statement.bind(reason.clone())?;

@@ -196,3 +196,57 @@ async fn bad_seeds_name_what_is_wrong(backend: Backend) {
 }
 
 on_both_backends!(bad_seeds_name_what_is_wrong);
+
+async fn a_required_migration_is_listed_and_resolved_by_the_operator(backend: Backend) {
+    let Some(store) = store_with_config(backend).await else {
+        return;
+    };
+    sessions(&store, &["seed", "plant=$share/old/a/#"])
+        .await
+        .success();
+    let id = list_json(&store).await[0]["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let wharf = store.wharf().await;
+    let filter = wharf::domain::session::ExactFilter::parse("$share/old/a/#").unwrap();
+    wharf
+        .session_ledger()
+        .require_migration(&id, "a replay through $share/old/a/#".into(), vec![filter])
+        .await
+        .unwrap();
+    let listed = list_json(&store).await;
+    assert_eq!(
+        listed[0]["migration_required"],
+        "a replay through $share/old/a/#"
+    );
+
+    let resolved = sessions(&store, &["resolve-migration", "plant"]).await;
+    assert!(
+        resolved.success().contains("migration resolved"),
+        "{resolved}"
+    );
+    assert!(list_json(&store).await[0]["migration_required"].is_null());
+    let again = sessions(&store, &["resolve-migration", "plant"]).await;
+    assert!(again.failure().contains("nothing to resolve"), "{again}");
+
+    let audit = store
+        .run(&[
+            "--config",
+            "wharf.toml",
+            "audit",
+            "sessions",
+            "--session",
+            "plant",
+            "--json",
+        ])
+        .await;
+    let audit: Vec<Value> = serde_json::from_str(audit.success()).unwrap();
+    let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        events,
+        ["BaselineSeeded", "MigrationRequired", "MigrationResolved"]
+    );
+}
+
+on_both_backends!(a_required_migration_is_listed_and_resolved_by_the_operator);

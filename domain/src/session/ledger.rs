@@ -107,6 +107,12 @@ pub enum ManagedFilterEvent {
         /// The filters involved.
         filters: Vec<ExactFilter>,
     },
+    /// The operator finished the restore/drain step of the migration procedure: the session
+    /// may run again (with the configuration that was restored). History unchanged.
+    MigrationResolved {
+        /// Who resolved it (`cli`, ...), for audit.
+        source: String,
+    },
 }
 
 /// Event type names, as stored.
@@ -123,6 +129,14 @@ pub mod event_types {
     pub const FILTER_FORGOTTEN: &str = "FilterForgotten";
     /// [`super::ManagedFilterEvent::MigrationRequired`].
     pub const MIGRATION_REQUIRED: &str = "MigrationRequired";
+    /// [`super::ManagedFilterEvent::MigrationResolved`].
+    pub const MIGRATION_RESOLVED: &str = "MigrationResolved";
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resolution {
+    source: String,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +172,9 @@ impl ManagedFilterEvent {
             | event_types::SUBSCRIBE_ACKNOWLEDGED
             | event_types::FILTER_FORGOTTEN
             | event_types::MIGRATION_REQUIRED => serde_json::from_value(payload.clone())?,
+            event_types::MIGRATION_RESOLVED => Self::MigrationResolved {
+                source: serde_json::from_value::<Resolution>(payload.clone())?.source,
+            },
             other => {
                 return Err(serde_json::Error::custom(format!(
                     "unknown managed-session event type \"{other}\""
@@ -183,6 +200,7 @@ impl DomainEvent for ManagedFilterEvent {
             Self::SubscribeAcknowledged { .. } => event_types::SUBSCRIBE_ACKNOWLEDGED,
             Self::FilterForgotten { .. } => event_types::FILTER_FORGOTTEN,
             Self::MigrationRequired { .. } => event_types::MIGRATION_REQUIRED,
+            Self::MigrationResolved { .. } => event_types::MIGRATION_RESOLVED,
         }
         .into()
     }
@@ -248,6 +266,11 @@ pub enum ManagedSessionCommand {
         /// Filter and UNSUBACK reason code.
         filters: Vec<(ExactFilter, u8)>,
     },
+    /// Leave the migration-required state once the operator restored and drained.
+    ResolveMigration {
+        /// Who resolves it, for audit.
+        source: String,
+    },
     /// Enter the terminal migration-required state.
     RequireMigration {
         /// Why.
@@ -294,6 +317,9 @@ pub enum ManagedSessionError {
         /// The reason code given.
         reason_code: u8,
     },
+    /// A resolution was asked for a session that requires no migration.
+    #[error("the session requires no managed-filter migration: nothing to resolve")]
+    NoMigrationRequired,
     /// The session is in the terminal migration-required state.
     #[error("the session requires a managed-filter migration ({reason}); its history is kept")]
     MigrationRequired {
@@ -335,6 +361,14 @@ impl ManagedSession {
             ManagedSessionCommand::Remember { filters } => self.remember(filters),
             ManagedSessionCommand::RecordSubAck { outcomes } => self.record_suback(outcomes),
             ManagedSessionCommand::Forget { filters } => self.forget(filters),
+            ManagedSessionCommand::ResolveMigration { source } => {
+                if self.migration_required.is_none() {
+                    return Err(ManagedSessionError::NoMigrationRequired);
+                }
+                Ok(vec![ManagedFilterEvent::MigrationResolved {
+                    source: source.clone(),
+                }])
+            }
             ManagedSessionCommand::RequireMigration { reason, filters } => {
                 Ok(vec![ManagedFilterEvent::MigrationRequired {
                     reason: reason.clone(),
@@ -529,6 +563,10 @@ impl Aggregate for ManagedSession {
             ManagedFilterEvent::MigrationRequired { reason, filters } => {
                 self.migration_required = Some(reason);
                 self.migration_filters = filters;
+            }
+            ManagedFilterEvent::MigrationResolved { .. } => {
+                self.migration_required = None;
+                self.migration_filters.clear();
             }
         }
     }

@@ -27,6 +27,18 @@ pub enum SessionsCommand {
     Show(ShowArgs),
     /// What a reconcile would subscribe, unsubscribe and forget, without touching the broker.
     Plan(ShowArgs),
+    /// Let a migration-required session run again, once the old configuration is restored
+    /// and what it pinned is drained (docs/runbooks/managed-filter-migration.md).
+    ResolveMigration(ResolveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// A configured session's name or an ms-... identity.
+    pub session: String,
+    /// Who resolves it, recorded in the ledger.
+    #[arg(long, default_value = "cli")]
+    pub source: String,
 }
 
 #[derive(Debug, Args)]
@@ -63,7 +75,19 @@ pub async fn run(config: &Config, command: SessionsCommand) -> anyhow::Result<Ex
         SessionsCommand::List(args) => list(config, args).await,
         SessionsCommand::Show(args) => show(config, args, false).await,
         SessionsCommand::Plan(args) => show(config, args, true).await,
+        SessionsCommand::ResolveMigration(args) => resolve(config, args).await,
     }
+}
+
+async fn resolve(config: &Config, args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let (session_id, _) = find_session(&config.mqtt, &args.session)?;
+    let ledger = SessionLedger::new(store(config).await?);
+    ledger.resolve_migration(&session_id, &args.source).await?;
+    println!(
+        "{session_id}: migration resolved; the session runs again at its next attempt with the \
+         configuration it is given"
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn store(config: &Config) -> anyhow::Result<wharf::store::Store> {

@@ -86,6 +86,19 @@ impl SessionLedger {
             .await
     }
 
+    /// Leaves the migration-required state: the operator restored the old configuration and
+    /// drained what the removed filter had pinned (runbook `managed-filter-migration.md`).
+    pub async fn resolve_migration(
+        &self,
+        session_id: &str,
+        source: &str,
+    ) -> Result<Vec<ManagedFilterEvent>, WharfError> {
+        let command = ManagedSessionCommand::ResolveMigration {
+            source: source.to_owned(),
+        };
+        self.run(session_id, command).await
+    }
+
     /// Enters the terminal migration-required state (the history is kept).
     pub async fn require_migration(
         &self,

@@ -5,7 +5,8 @@
 //! and drives it over one connection after another (`run.rs`). A run that fails (a refused
 //! SUBACK, a lost connection, a failed ledger write, a failed handler) ends; supervision waits
 //! with a capped exponential backoff (1s doubling to 30s) and starts a new run from the ledger.
-//! A migration-required session stops for good (terminal) until an operator intervenes.
+//! A migration-required session stays disconnected; it only rereads its ledger (every
+//! `retry_cap`) until the operator records the resolution (`wharf sessions resolve-migration`).
 //!
 //! The status (level, why it is below Full, the last reconcile outcome) is published on a
 //! watch channel for readiness, the REST API and tests.
@@ -155,10 +156,11 @@ async fn supervise(
             Outcome::Terminal => {
                 tracing::error!(
                     "the session requires a managed-filter migration; it stays disconnected \
-                     (see docs/runbooks/managed-filter-migration.md)"
+                     until `wharf sessions resolve-migration` records the operator's procedure \
+                     (docs/runbooks/managed-filter-migration.md)"
                 );
-                let _ = stop.wait_for(|stopped| *stopped).await;
-                return;
+                // Only the ledger is read again (no connection) until the resolution lands.
+                wait = settings.retry_cap;
             }
             Outcome::Retry { reason, converged } => {
                 if converged {
