@@ -137,10 +137,11 @@ impl<'a> Run<'a> {
                 received = connection.deliveries.next() => match received {
                     Ok(delivery) => self.receive(delivery, &mut connection),
                     Err(cause) => {
-                        self.inputs.push_back(Input::Disconnected {
-                            generation: connection.generation(),
-                        });
-                        let _ = self.drain(&mut machine, &mut connection).await;
+                        // Nothing of this connection can be acked any more: what it delivered
+                        // and nobody acked is the broker's to replay, so none of it is handled
+                        // now (that would only add duplicates).
+                        self.parked.clear();
+                        self.batch.clear();
                         return self.retry(format!("the connection ended: {cause}"));
                     }
                 },
