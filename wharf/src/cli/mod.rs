@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch. Each command lives in its own module.
 
 mod audit;
+mod config_cmd;
 mod dead_letters;
 mod logging;
 mod maintenance;
@@ -78,10 +79,10 @@ pub enum Command {
         #[command(subcommand)]
         command: sessions::SessionsCommand,
     },
-    /// Configuration helpers.
+    /// Configuration helpers: the defaults, a check that starts nothing, the effective values.
     Config {
         #[command(subcommand)]
-        command: ConfigCommand,
+        command: config_cmd::ConfigCommand,
     },
 }
 
@@ -102,12 +103,6 @@ pub enum AuditCommand {
     Sessions(session_audit::SessionAuditArgs),
 }
 
-#[derive(Debug, Subcommand)]
-pub enum ConfigCommand {
-    /// Print the default configuration as TOML.
-    Default,
-}
-
 /// Loads the file and the environment; `--store-url` counts as the last environment override,
 /// so it is validated like every other value.
 fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
@@ -117,6 +112,30 @@ fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
         .map(|url| ("WHARF_STORE__URL".to_owned(), url));
     let env = std::env::vars().chain(flag);
     Ok(Config::load(global.config.as_deref(), env)?)
+}
+
+/// `config default|check|show`: no logging set up, nothing opened.
+fn config_command(
+    global: &GlobalArgs,
+    command: &config_cmd::ConfigCommand,
+) -> anyhow::Result<ExitCode> {
+    match command {
+        config_cmd::ConfigCommand::Default => {
+            print!("{}", Config::default_toml());
+            Ok(ExitCode::SUCCESS)
+        }
+        config_cmd::ConfigCommand::Check { file } => {
+            let source = file.clone().or_else(|| global.config.clone());
+            let global = GlobalArgs {
+                config: source.clone(),
+                store_url: global.store_url.clone(),
+                verbose: global.verbose,
+            };
+            let config = load_config(&global)?;
+            config_cmd::check(&config, source.as_ref())
+        }
+        config_cmd::ConfigCommand::Show => config_cmd::show(&load_config(global)?),
+    }
 }
 
 impl Command {
@@ -129,12 +148,8 @@ impl Command {
 
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Command::Config {
-        command: ConfigCommand::Default,
-    } = cli.command
-    {
-        print!("{}", Config::default_toml());
-        return Ok(ExitCode::SUCCESS);
+    if let Command::Config { command } = &cli.command {
+        return config_command(&cli.global, command);
     }
     let config = load_config(&cli.global)?;
     let own_consumer_lines = matches!(cli.command, Command::Tail(_));
@@ -160,6 +175,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Publish(args) => publish::run(&config, args).await,
         Command::Tail(args) => tail::run(config, args).await,
         Command::Sessions { command } => sessions::run(&config, command).await,
-        Command::Config { .. } => Ok(ExitCode::SUCCESS),
+        Command::Config { command } => config_command(&cli.global, &command),
     }
 }
