@@ -155,13 +155,7 @@ impl PgProjector for EffectiveBindings {
         conn: &mut PgConnection,
         event: &RecordedEvent,
     ) -> Result<(), StoreError> {
-        let mut statement = CteStatement::default();
-        let position = statement.bind(event.position)?;
-        if Self::pg_rows(&event.as_ref(), &position, &mut statement)? {
-            let (sql, args) = statement.finish("SELECT 1");
-            sqlx::query_with(&sql, args).execute(conn).await?;
-        }
-        Ok(())
+        crate::fused::apply_as_ctes(conn, event, Self::pg_rows).await
     }
 
     /// The install's rows ride in the statement that inserts the event.

@@ -14,6 +14,7 @@
 pub mod audit;
 pub mod declaration;
 pub mod error;
+mod fused;
 pub mod prune;
 mod rows;
 pub mod session;

@@ -47,6 +47,22 @@ async fn sessions(store: &TestStore, args: &[&str]) -> support::Run {
     store.run(&all).await
 }
 
+/// `wharf audit sessions --session plant --json`: the ledger's entries, oldest first.
+async fn audit_entries(store: &TestStore) -> Vec<Value> {
+    let run = store
+        .run(&[
+            "--config",
+            "wharf.toml",
+            "audit",
+            "sessions",
+            "--session",
+            "plant",
+            "--json",
+        ])
+        .await;
+    serde_json::from_str(run.success()).unwrap()
+}
+
 async fn list_json(store: &TestStore) -> Vec<Value> {
     let run = sessions(store, &["list", "--json"]).await;
     serde_json::from_str(run.success()).unwrap()
@@ -154,18 +170,7 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
     assert_eq!(listed[0]["pending_removal"].as_array().unwrap().len(), 4);
 
     // The audit shows who seeded what, in ledger order; the idempotent repeats wrote nothing.
-    let audit = store
-        .run(&[
-            "--config",
-            "wharf.toml",
-            "audit",
-            "sessions",
-            "--session",
-            "plant",
-            "--json",
-        ])
-        .await;
-    let audit: Vec<Value> = serde_json::from_str(audit.success()).unwrap();
+    let audit = audit_entries(&store).await;
     let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert_eq!(events, ["BaselineSeeded", "BaselineExtended"]);
     assert_eq!(audit[0]["detail"]["source"], "cli");
@@ -230,18 +235,7 @@ async fn a_required_migration_is_listed_and_resolved_by_the_operator(backend: Ba
     let again = sessions(&store, &["resolve-migration", "plant"]).await;
     assert!(again.failure().contains("nothing to resolve"), "{again}");
 
-    let audit = store
-        .run(&[
-            "--config",
-            "wharf.toml",
-            "audit",
-            "sessions",
-            "--session",
-            "plant",
-            "--json",
-        ])
-        .await;
-    let audit: Vec<Value> = serde_json::from_str(audit.success()).unwrap();
+    let audit = audit_entries(&store).await;
     let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();
     assert_eq!(
         events,
