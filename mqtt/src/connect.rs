@@ -21,6 +21,7 @@ use crate::options::ConnectOptions;
 use crate::reason::{connect_reason, disconnect_reason, QoS};
 use crate::session::SessionHandle;
 use crate::shared::{Limits, Shared};
+use crate::transport::Stream;
 
 /// Packets queued towards the writer.
 const OUTBOUND_QUEUE: usize = 1024;
@@ -128,21 +129,27 @@ impl Session {
     }
 }
 
-async fn handshake(options: &ConnectOptions) -> Result<(TcpStream, ConnAck, BytesMut), MqttError> {
+async fn handshake(options: &ConnectOptions) -> Result<(Stream, ConnAck, BytesMut), MqttError> {
     let address = options.address();
     let failed = |cause| MqttError::Handshake {
         address: address.clone(),
         cause,
     };
-    let mut stream = TcpStream::connect(&address)
+    let tcp = TcpStream::connect(&address)
         .await
         .map_err(|source| MqttError::Connect {
             address: address.clone(),
             source,
         })?;
-    stream
-        .set_nodelay(true)
+    tcp.set_nodelay(true)
         .map_err(|error| failed(DisconnectCause::Io(error.to_string())))?;
+    let mut stream: Stream = match &options.tls {
+        None => Box::new(tcp),
+        Some(tls) => tls
+            .wrap(&options.host, tcp)
+            .await
+            .map_err(|reason| failed(DisconnectCause::Io(reason)))?,
+    };
     // A fresh buffer: the codec patches CONNECT's flags at an offset from the buffer's start.
     let mut out = BytesMut::new();
     connect_packet(options)
@@ -195,7 +202,7 @@ fn connect_packet(options: &ConnectOptions) -> Packet {
 
 fn start(
     options: ConnectOptions,
-    stream: TcpStream,
+    stream: Stream,
     connack: &ConnAck,
     leftover: BytesMut,
 ) -> (SessionHandle, Deliveries) {
@@ -220,7 +227,7 @@ fn start(
         receiver: deliveries_rx,
         closed: shared.watch_closed(),
     };
-    let (read_half, write_half) = stream.into_split();
+    let (read_half, write_half) = tokio::io::split(stream);
     tokio::spawn(run_reader(
         shared.clone(),
         read_half,

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use rumqttc::v5::mqttbytes::v5::{Packet, PingReq, PubComp, Publish};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep_until, Instant};
 
@@ -17,6 +16,7 @@ use crate::delivery::{Delivery, DeliveryProperties};
 use crate::error::DisconnectCause;
 use crate::reason::{disconnect_reason, QoS};
 use crate::shared::{Kind, Outbound, Reply, Shared};
+use crate::transport::{StreamReader, StreamWriter};
 
 /// How many queued packets one write may carry.
 const WRITE_BATCH: usize = 256;
@@ -24,7 +24,7 @@ const WRITE_BATCH: usize = 256;
 /// Runs until the connection ends; then drops the deliveries sender, after the cause is set.
 pub(crate) async fn run_reader(
     shared: Arc<Shared>,
-    mut socket: OwnedReadHalf,
+    mut socket: StreamReader,
     mut buffer: BytesMut,
     deliveries: mpsc::Sender<Delivery>,
 ) {
@@ -195,7 +195,7 @@ fn packet_name(packet: &Packet) -> &'static str {
 /// Writes what the handles queue until the connection ends.
 pub(crate) async fn run_writer(
     shared: Arc<Shared>,
-    socket: OwnedWriteHalf,
+    socket: StreamWriter,
     mut queue: mpsc::Receiver<Outbound>,
 ) {
     let mut writer = Writer {
@@ -232,7 +232,7 @@ pub(crate) async fn run_writer(
 
 struct Writer {
     shared: Arc<Shared>,
-    socket: OwnedWriteHalf,
+    socket: StreamWriter,
     buffer: BytesMut,
     closed: watch::Receiver<Option<DisconnectCause>>,
     last_write: Instant,

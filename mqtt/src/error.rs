@@ -76,6 +76,14 @@ pub enum MqttError {
         /// What is allowed.
         reason: &'static str,
     },
+    /// A TLS file (CA, client certificate or key) is missing or unusable.
+    #[error("TLS file {file}: {reason}")]
+    TlsFile {
+        /// The file's path.
+        file: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The TCP connection could not be opened.
     #[error("cannot connect to MQTT broker {address}: {source}")]
     Connect {

@@ -1,5 +1,5 @@
-//! Wharf's MQTT v5 session driver (ADR 0023): rumqttc's v5 codec over a tokio `TcpStream`, with
-//! our own packet-id allocator and acks fenced by connection.
+//! Wharf's MQTT v5 session driver (ADR 0023): rumqttc's v5 codec over a tokio `TcpStream` (plain,
+//! or TLS through rustls), with our own packet-id allocator and acks fenced by connection.
 //!
 //! - One `Session::connect` is one connection and one [`Generation`]; its `SessionHandle`
 //!   subscribes and unsubscribes many filters per packet and returns every filter's reason code
@@ -23,6 +23,7 @@ mod pkid;
 mod reason;
 mod session;
 mod shared;
+mod transport;
 
 pub use connect::{ConnAckInfo, Session};
 pub use delivery::{Deliveries, Delivery, DeliveryProperties, Generation};
@@ -30,3 +31,4 @@ pub use error::{DisconnectCause, MqttError};
 pub use options::{ConnectOptions, Credentials};
 pub use reason::{DisconnectReason, QoS, ReasonCode, SubscribeReason, UnsubscribeReason};
 pub use session::{AckOutcome, SessionHandle};
+pub use transport::TlsOptions;

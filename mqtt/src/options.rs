@@ -74,6 +74,8 @@ pub struct ConnectOptions {
     /// Deliveries buffered between the connection and the application. When it is full the
     /// connection stops reading, so the broker sees TCP back-pressure.
     pub delivery_buffer: usize,
+    /// TLS over the TCP connection (`None`: plain TCP). The broker's host is the server name.
+    pub tls: Option<crate::transport::TlsOptions>,
 }
 
 impl ConnectOptions {
@@ -93,6 +95,7 @@ impl ConnectOptions {
             max_packet_size: 1024 * 1024,
             receive_maximum: 1024,
             delivery_buffer: 1024,
+            tls: None,
         }
     }
 
@@ -174,6 +177,7 @@ impl fmt::Debug for ConnectOptions {
             .field("max_packet_size", &self.max_packet_size)
             .field("receive_maximum", &self.receive_maximum)
             .field("delivery_buffer", &self.delivery_buffer)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }

@@ -61,6 +61,9 @@ fn config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
             username: None,
             password: None,
             password_env: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             subscriptions: filters
                 .iter()
                 .map(|f| SubscriptionConfig {

@@ -28,7 +28,9 @@ pub use queue::QueueConfig;
 pub use store::StoreConfig;
 
 pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
-pub use mqtt::{ClientIdSuffix, MqttConfig, ResolvedSession, SessionConfig, SubscriptionConfig};
+pub use mqtt::{
+    ClientIdSuffix, MqttConfig, ResolvedSession, SessionConfig, SubscriptionConfig, TlsFiles,
+};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -22,6 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -108,6 +109,16 @@ pub struct SessionConfig {
     /// The name of an environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// TLS (`mqtts://` brokers): the CA that signed the broker's certificate, as PEM (the
+    /// Mozilla roots when absent).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// TLS client certificate chain (PEM), with `tls_key_file`.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// TLS client private key (PEM), with `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
     /// The desired subscriptions: exactly the filters this session holds at the broker.
     #[serde(default)]
     pub subscriptions: Vec<SubscriptionConfig>,
@@ -134,6 +145,9 @@ impl fmt::Debug for SessionConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("password_env", &self.password_env)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_cert_file", &self.tls_cert_file)
+            .field("tls_key_file", &self.tls_key_file)
             .field("subscriptions", &self.subscriptions)
             .finish()
     }
@@ -177,6 +191,17 @@ pub struct ResolvedSession {
     pub username: Option<String>,
     /// The desired filters with their QoS and log topic, in configuration order.
     pub subscriptions: Vec<(ExactFilter, Qos, TopicName)>,
+    /// TLS, for `mqtts://` brokers.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A TLS session's files, checked to exist (their contents are read when the runtime starts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA certificate(s); `None` for the Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// The client certificate chain and its key, when the broker wants a client certificate.
+    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 impl ResolvedSession {
@@ -264,6 +289,7 @@ impl SessionConfig {
         GroupName::parse("session name", name)
             .map_err(|e| WharfError::Config(format!("mqtt.sessions.{name}: {e}")))?;
         let brokers = self.canonical_brokers(&key("brokers"))?;
+        let tls = self.tls_files(name, &brokers)?;
         if self.mode == SessionMode::Exclusive {
             return Err(WharfError::Config(format!(
                 "{}: mode \"exclusive\" needs the HA lease, which this build does not have yet; \
@@ -312,6 +338,7 @@ impl SessionConfig {
             keep_alive: self.keep_alive,
             username: self.username.clone(),
             subscriptions: self.subscriptions(&key("subscriptions"))?,
+            tls,
         })
     }
 
@@ -336,12 +363,6 @@ impl SessionConfig {
         for url in &self.brokers {
             let broker =
                 CanonicalBroker::parse(key, url).map_err(|e| WharfError::Config(e.to_string()))?;
-            if broker.scheme != "mqtt" {
-                return Err(WharfError::Config(format!(
-                    "{key}: {} uses TLS, which this build does not support yet (mqtt:// only)",
-                    broker.url()
-                )));
-            }
             if !brokers.contains(&broker) {
                 brokers.push(broker);
             }
@@ -356,6 +377,62 @@ impl SessionConfig {
             )));
         }
         Ok(brokers)
+    }
+
+    /// TLS for `mqtts://` brokers; TLS files for a plain broker, half a client certificate, or
+    /// a file that is not there are refused naming the key.
+    fn tls_files(
+        &self,
+        name: &str,
+        brokers: &[CanonicalBroker],
+    ) -> Result<Option<TlsFiles>, WharfError> {
+        let key = |field: &str| format!("mqtt.sessions.{name}.{field}");
+        let tls = brokers.iter().any(|b| b.scheme == "mqtts");
+        if tls && brokers.iter().any(|b| b.scheme != "mqtts") {
+            return Err(WharfError::Config(format!(
+                "{} mixes mqtt:// and mqtts:// brokers: a session is TLS or not",
+                key("brokers")
+            )));
+        }
+        let given = [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ];
+        for (field, path) in given {
+            let Some(path) = path else { continue };
+            if !tls {
+                return Err(WharfError::Config(format!(
+                    "{} is set but the broker is not mqtts://: use an mqtts:// URL for TLS",
+                    key(field)
+                )));
+            }
+            if !path.is_file() {
+                return Err(WharfError::Config(format!(
+                    "{} {} is not a readable file",
+                    key(field),
+                    path.display()
+                )));
+            }
+        }
+        if !tls {
+            return Ok(None);
+        }
+        let client = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key_file)) => Some((cert.clone(), key_file.clone())),
+            (None, None) => None,
+            _ => {
+                return Err(WharfError::Config(format!(
+                    "{} and {} go together: a client certificate needs its key",
+                    key("tls_cert_file"),
+                    key("tls_key_file")
+                )))
+            }
+        };
+        Ok(Some(TlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            client,
+        }))
     }
 
     fn expiry_secs(&self, key: &str, durable: bool) -> Result<u32, WharfError> {
@@ -529,14 +606,44 @@ mod tests {
     }
 
     #[test]
-    fn exclusive_sessions_and_tls_are_refused_until_they_are_built() {
+    fn exclusive_sessions_are_refused_until_the_lease_is_built() {
         let e = error(&PLANT.replace(
             "client_id = \"wharf-plant\"",
             "client_id = \"c\"\nmode = \"exclusive\"",
         ));
         assert!(e.contains("mode \"exclusive\" needs the HA lease"), "{e}");
-        let e = error(&PLANT.replace("mqtt://u:secret@Broker.Example:1883", "mqtts://b"));
-        assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn tls_takes_an_mqtts_broker_and_files_that_exist() {
+        let tls = PLANT.replace("mqtt://u:secret@Broker.Example:1883", "mqtts://b");
+        let s = session(&tls).expect("mqtts with the Mozilla roots");
+        let roots = TlsFiles {
+            ca_file: None,
+            client: None,
+        };
+        assert_eq!(s[0].tls, Some(roots));
+        assert_eq!(s[0].brokers[0].port, 8883);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = dir.path().join("ca.crt");
+        std::fs::write(&ca, "x").expect("write");
+        let with_ca = tls.replace(
+            "client_id = \"wharf-plant\"",
+            &format!(
+                "client_id = \"wharf-plant\"\ntls_ca_file = {:?}",
+                ca.display().to_string()
+            ),
+        );
+        let s = session(&with_ca).expect("a CA file");
+        let plain_id = session(&tls).expect("valid")[0].identity.id().to_owned();
+        assert_eq!(s[0].identity.id(), plain_id, "TLS files are not identity");
+        let e = error(&with_ca.replace("ca.crt", "missing.crt"));
+        assert!(
+            e.contains("tls_ca_file") && e.contains("not a readable file"),
+            "{e}"
+        );
+        assert!(error(&with_ca.replace("mqtts://b", "mqtt://b")).contains("not mqtts://"));
+        assert!(error(&with_ca.replace("tls_ca_file", "tls_cert_file")).contains("go together"));
     }
 
     #[test]

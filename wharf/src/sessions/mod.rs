@@ -74,6 +74,19 @@ pub fn start_all(
     let mut prepared = Vec::with_capacity(resolved.len());
     for session in resolved {
         let password = config.mqtt.sessions[&session.name].password()?;
+        let tls = match &session.tls {
+            None => None,
+            Some(files) => Some(
+                wharf_mqtt::TlsOptions::from_files(
+                    files.ca_file.as_deref(),
+                    files
+                        .client
+                        .as_ref()
+                        .map(|(c, k)| (c.as_path(), k.as_path())),
+                )
+                .map_err(|e| WharfError::Config(format!("mqtt.sessions.{}: {e}", session.name)))?,
+            ),
+        };
         let settings = RuntimeSettings {
             unmatched_grace: config.mqtt.unmatched_grace,
             connect_timeout: config.mqtt.connect_timeout,
@@ -83,6 +96,7 @@ pub fn start_all(
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(30),
             store_deadline: config.declarations.call_deadline(),
+            tls,
         };
         prepared.push((session, settings));
     }

@@ -205,6 +205,7 @@ impl<'a> Run<'a> {
         options.operation_timeout = self.settings.subscribe_timeout;
         // The log keeps payloads of up to 8 MiB: the broker discards larger packets for us.
         options.max_packet_size = 8 * 1024 * 1024 + 64 * 1024;
+        options.tls = self.settings.tls.clone();
         options.credentials = match (&self.session.username, &self.settings.password) {
             (Some(user), Some(password)) => Some(Credentials::new(user.clone(), password.clone())),
             (Some(user), None) => Some(Credentials::username_only(user.clone())),

@@ -43,6 +43,8 @@ pub struct RuntimeSettings {
     pub retry_cap: Duration,
     /// The deadline of every ledger call (a store that does not answer fails the run).
     pub store_deadline: Duration,
+    /// TLS for `mqtts://` brokers, its files read when the runtime was set up.
+    pub tls: Option<wharf_mqtt::TlsOptions>,
 }
 
 /// The outcome of the newest reconcile attempt.
