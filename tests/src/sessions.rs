@@ -1,0 +1,152 @@
+//! Helpers for managed-session tests: a persistent session's config against any broker, waiting
+//! on a runtime's status with a deadline, the ledger's stored events, and plain MQTT clients
+//! (a publisher, and a client that takes over a session's client id to see what the broker
+//! still holds for it).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use wharf::config::{SessionConfig, SubscriptionConfig};
+use wharf::domain::session::{SessionMode, MANAGED_SESSION_AGGREGATE};
+use wharf::sessions::{SessionRuntime, SessionStatus};
+use wharf::Config;
+use wharf_mqtt::SessionHandle;
+use wharf_mqtt::{ConnectOptions, Deliveries, Delivery, DisconnectReason, QoS, Session};
+
+use crate::TestStore;
+
+/// How long any single wait of a session test may take (retries back off from 1 s).
+pub const SESSION_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The session expiry every test session asks for.
+pub const EXPIRY_SECS: u32 = 300;
+
+/// A name no other test, run or process uses (client ids, topic roots).
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A config on `ts` with one persistent session `plant` on `broker_url`, subscribing
+/// `(filter, qos)` pairs into log topic `sensors`, with `grace` as `mqtt.unmatched_grace`.
+pub fn session_config(
+    ts: &TestStore,
+    broker_url: &str,
+    client_id: &str,
+    subscriptions: &[(&str, u8)],
+    grace: Duration,
+) -> Config {
+    let mut config = ts.config();
+    config.mqtt.unmatched_grace = grace;
+    config.mqtt.connect_timeout = Duration::from_secs(5);
+    config.mqtt.subscribe_timeout = Duration::from_secs(5);
+    let session = SessionConfig {
+        brokers: vec![broker_url.to_owned()],
+        client_id: client_id.to_owned(),
+        client_id_suffix: Default::default(),
+        mode: SessionMode::Persistent,
+        clean_start: None,
+        session_expiry: Some(Duration::from_secs(u64::from(EXPIRY_SECS))),
+        keep_alive: Duration::from_secs(30),
+        username: None,
+        password: None,
+        password_env: None,
+        subscriptions: subscriptions
+            .iter()
+            .map(|(filter, qos)| SubscriptionConfig {
+                filter: (*filter).to_owned(),
+                qos: *qos,
+                topic: "sensors".to_owned(),
+            })
+            .collect(),
+    };
+    config.mqtt.sessions.insert("plant".to_owned(), session);
+    config
+}
+
+/// The durable identity of the config's only session.
+pub fn session_id(config: &Config) -> String {
+    config.mqtt.resolve().expect("valid sessions")[0]
+        .identity
+        .id()
+        .to_owned()
+}
+
+/// The first status satisfying `condition`, failing the test past [`SESSION_DEADLINE`].
+pub async fn wait_status(
+    runtime: &SessionRuntime,
+    what: &str,
+    condition: impl Fn(&SessionStatus) -> bool,
+) -> SessionStatus {
+    let mut watch = runtime.watch();
+    let found = tokio::time::timeout(SESSION_DEADLINE, async {
+        watch.wait_for(|s| condition(s)).await.map(|s| s.clone())
+    })
+    .await;
+    match found {
+        Ok(Ok(status)) => status,
+        _ => panic!(
+            "timed out waiting for {what}; status: {:?}",
+            runtime.status()
+        ),
+    }
+}
+
+/// The session's stored ledger events: `(event_type, payload)`, in order.
+pub async fn ledger_events(ts: &TestStore, session_id: &str) -> Vec<(String, serde_json::Value)> {
+    ts.store
+        .load(MANAGED_SESSION_AGGREGATE, session_id)
+        .await
+        .expect("the ledger's events")
+        .into_iter()
+        .map(|e| (e.event_type, e.payload))
+        .collect()
+}
+
+/// Options for a plain client on the loopback broker at `port`.
+pub fn plain_options(port: u16, client_id: &str) -> ConnectOptions {
+    let mut options = ConnectOptions::new("127.0.0.1", port, client_id);
+    options.connect_timeout = SESSION_DEADLINE;
+    options.operation_timeout = SESSION_DEADLINE;
+    options
+}
+
+/// A plain client resuming (or creating) the persistent session `client_id`, as Wharf's
+/// session would: clean start off, the same expiry. It acks nothing unless told to.
+pub async fn resume_session(port: u16, client_id: &str) -> (SessionHandle, Deliveries) {
+    let mut options = plain_options(port, client_id);
+    options.clean_start = false;
+    options.session_expiry = EXPIRY_SECS;
+    Session::connect(options)
+        .await
+        .expect("a plain client resumes the session")
+}
+
+/// Publishes one QoS 1 message from a fresh client.
+pub async fn publish(port: u16, topic: &str, payload: &str) {
+    let (handle, _deliveries) = Session::connect(plain_options(port, &unique("pub")))
+        .await
+        .expect("the publisher connects");
+    handle
+        .publish(topic, payload.as_bytes().to_vec(), QoS::AtLeastOnce, false)
+        .await
+        .expect("publish QoS 1");
+    let _ = handle.disconnect(DisconnectReason::Normal).await;
+}
+
+/// The next delivery, failing the test past [`SESSION_DEADLINE`].
+pub async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
+    match tokio::time::timeout(SESSION_DEADLINE, deliveries.next()).await {
+        Ok(Ok(delivery)) => delivery,
+        Ok(Err(cause)) => panic!("the deliveries ended: {cause}"),
+        Err(_) => panic!("no delivery within {SESSION_DEADLINE:?}"),
+    }
+}
