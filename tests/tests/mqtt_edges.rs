@@ -1,0 +1,448 @@
+//! Managed sessions at the broker's edges, on a private Mosquitto per test and both store
+//! backends: a SUBSCRIBE refused by the dynamic security plugin and a QoS downgrade fail the
+//! whole reconcile with the history kept and supervision retrying with backoff, until the broker
+//! allows it; a delivery only a stale filter (whose UNSUBSCRIBE is denied) covers is held, never
+//! acked, and redelivered; a replay through a removed shared filter makes the session terminally
+//! migration-required with nothing acked; a delivery matching no filter is acked and dropped
+//! after `unmatched_grace` (the documented behaviour).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use wharf::domain::session::{Qos, SessionLevel, SubscribeOutcome};
+use wharf::sessions::{MqttHandler, MqttMessage, SessionRuntime};
+use wharf::HandlerError;
+use wharf_mqtt::{DisconnectReason, QoS};
+use wharf_tests::broker::{anonymous_dynsec, Broker, BrokerConfig};
+use wharf_tests::sessions::{
+    ledger_events, next_delivery, publish, resume_session, session_config, session_id, unique,
+    wait_status,
+};
+use wharf_tests::{on_both_backends, Backend, TestStore};
+
+const GRACE: Duration = Duration::from_millis(400);
+
+/// Blocking broker control (stop, start) off the async workers.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+async fn shutdown(runtimes: Vec<SessionRuntime>) {
+    for runtime in runtimes {
+        runtime.shutdown().await;
+    }
+}
+
+/// The `SubscribeAcknowledged` outcomes the ledger recorded for `filter`, in order.
+fn suback_outcomes(events: &[(String, serde_json::Value)], filter: &str) -> Vec<SubscribeOutcome> {
+    events
+        .iter()
+        .filter(|(t, p)| t == "SubscribeAcknowledged" && p["filter"] == filter)
+        .map(|(_, p)| serde_json::from_value(p["outcome"].clone()).expect("an outcome"))
+        .collect()
+}
+
+fn remembered(events: &[(String, serde_json::Value)], filter: &str) -> bool {
+    events
+        .iter()
+        .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter)
+}
+
+/// Waits for `count` connection generations after the current one, returning when each was
+/// first seen: supervision reconnects after each failed run with a growing wait.
+async fn next_generations(runtime: &SessionRuntime, count: usize) -> Vec<Instant> {
+    let mut seen = Vec::new();
+    let mut last = runtime.status().generation;
+    for _ in 0..count {
+        let status = wait_status(runtime, "a new connection generation", |s| {
+            s.generation.is_some() && s.generation != last
+        })
+        .await;
+        seen.push(Instant::now());
+        last = status.generation;
+    }
+    seen
+}
+
+async fn a_refused_subscribe_fails_the_reconcile_until_allowed(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-deny");
+    let (allowed, denied) = (format!("{root}/ok/#"), format!("{root}/denied/#"));
+    let only_allowed = anonymous_dynsec(&[("subscribePattern", &allowed, true)]);
+    let mut broker = Broker::start(BrokerConfig::dynsec(only_allowed).persistent());
+    let config = session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-deny"),
+        &[(&allowed, 1), (&denied, 1)],
+        GRACE,
+    );
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    let runtime = &runtimes[0];
+
+    let refusal = format!("\"{denied}\" refused with reason 0x87");
+    let failed = wait_status(runtime, "the refused SUBSCRIBE", |s| {
+        s.reason.as_deref().is_some_and(|r| r.contains(&refusal))
+    })
+    .await;
+    assert!(failed.level < SessionLevel::Full, "{failed:?}");
+    let last = failed.last_reconcile.expect("a reconcile outcome");
+    assert!(
+        !last.converged && last.detail.contains(&refusal),
+        "{last:?}"
+    );
+    let events = ledger_events(&ts, &id).await;
+    assert!(remembered(&events, &denied), "{events:?}");
+    assert!(suback_outcomes(&events, &denied)
+        .contains(&SubscribeOutcome::Refused { reason_code: 0x87 }));
+    let history = wharf.session_ledger().load(&id).await.expect("ledger");
+    let history: Vec<String> = history
+        .history_filters()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    assert!(history.contains(&denied), "history kept: {history:?}");
+
+    // Supervision retries on new connections, waiting longer each time (1 s, then 2 s).
+    let failed_at = Instant::now();
+    let retries = next_generations(runtime, 2).await;
+    let (first_wait, second_wait) = (retries[0] - failed_at, retries[1] - retries[0]);
+    assert!(first_wait >= Duration::from_millis(800), "{first_wait:?}");
+    assert!(
+        second_wait >= Duration::from_millis(1800),
+        "{second_wait:?}"
+    );
+    assert!(runtime.status().level < SessionLevel::Full);
+
+    // The operator allows the filter; the same runtime converges on its next connection.
+    let both = anonymous_dynsec(&[
+        ("subscribePattern", &allowed, true),
+        ("subscribePattern", &denied, true),
+    ]);
+    blocking(|| broker.restart_with(BrokerConfig::dynsec(both).persistent()));
+    let full = wait_status(runtime, "Full once allowed", |s| {
+        s.level == SessionLevel::Full
+    })
+    .await;
+    assert!(full.last_reconcile.is_some_and(|r| r.converged));
+    let events = ledger_events(&ts, &id).await;
+    assert!(
+        suback_outcomes(&events, &denied).contains(&SubscribeOutcome::Granted {
+            qos: Qos::AtLeastOnce
+        })
+    );
+    shutdown(runtimes).await;
+}
+
+on_both_backends!(
+    a_refused_subscribe_fails_the_reconcile_until_allowed,
+    a_refused_subscribe_fails_the_reconcile_until_allowed
+);
+
+async fn a_qos_downgrade_fails_the_reconcile_with_history_kept(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let filter = format!("{}/q/#", unique("edges-qos"));
+    let mut broker = Broker::start(BrokerConfig::default().persistent().with_max_qos(1));
+    let config = session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-qos"),
+        &[(&filter, 2)],
+        GRACE,
+    );
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    let runtime = &runtimes[0];
+
+    let downgrade = format!("\"{filter}\" granted QoS 1, below the requested 2");
+    let failed = wait_status(runtime, "the downgrade", |s| {
+        s.reason.as_deref().is_some_and(|r| r.contains(&downgrade))
+    })
+    .await;
+    assert!(failed.level < SessionLevel::Full, "{failed:?}");
+    let events = ledger_events(&ts, &id).await;
+    assert!(events
+        .iter()
+        .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter.as_str() && p["qos"] == 2));
+    assert!(
+        suback_outcomes(&events, &filter).contains(&SubscribeOutcome::Granted {
+            qos: Qos::AtLeastOnce
+        })
+    );
+    let state = wharf.session_ledger().load(&id).await.expect("ledger");
+    assert_eq!(
+        state
+            .history_filters()
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>(),
+        [filter.as_str()]
+    );
+    next_generations(runtime, 1).await;
+    assert!(runtime.status().level < SessionLevel::Full);
+
+    // Without the cap, QoS 2 is granted and the same runtime converges.
+    blocking(|| broker.restart_with(BrokerConfig::default().persistent()));
+    wait_status(runtime, "Full at QoS 2", |s| s.level == SessionLevel::Full).await;
+    let events = ledger_events(&ts, &id).await;
+    assert!(
+        suback_outcomes(&events, &filter).contains(&SubscribeOutcome::Granted {
+            qos: Qos::ExactlyOnce
+        })
+    );
+    shutdown(runtimes).await;
+}
+
+on_both_backends!(
+    a_qos_downgrade_fails_the_reconcile_with_history_kept,
+    a_qos_downgrade_fails_the_reconcile_with_history_kept
+);
+
+async fn a_delivery_only_a_pending_stale_filter_covers_is_held(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-cover");
+    let (plant, legacy, old) = (
+        format!("{root}/plant/#"),
+        format!("{root}/legacy/#"),
+        format!("{root}/old/#"),
+    );
+    // Everything may be subscribed; LEGACY/# may never be unsubscribed.
+    let rules = anonymous_dynsec(&[
+        ("subscribePattern", &format!("{root}/#"), true),
+        ("unsubscribePattern", &legacy, false),
+    ]);
+    let broker = Broker::start(BrokerConfig::dynsec(rules));
+    let client = unique("wharf-cover");
+    // The broker session already holds LEGACY/# and OLD/#, and the baseline says so.
+    let (handle, _deliveries) = resume_session(broker.port, &client).await;
+    let filters = vec![
+        (legacy.clone(), QoS::AtLeastOnce),
+        (old.clone(), QoS::AtLeastOnce),
+    ];
+    handle.subscribe(filters, None).await.expect("subscribe");
+    let _ = handle.disconnect(DisconnectReason::Normal).await;
+    let covered = format!("{root}/legacy/x");
+    publish(broker.port, &covered, "only legacy covers me").await;
+
+    let config = session_config(&ts, &broker.url(), &client, &[(&plant, 1)], GRACE);
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf
+        .seed_session_baseline(&id, &[&legacy, &old])
+        .await
+        .expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    let runtime = &runtimes[0];
+
+    // OLD/# is removed (recycle, window, Forget); LEGACY/# stays pending and holds the message
+    // through the replacement connection's whole window.
+    let denied = format!("unsubscribe not verified for \"{legacy}\"");
+    let status = wait_status(runtime, "the denied UNSUBSCRIBE after the window", |s| {
+        s.held >= 1 && s.reason.as_deref().is_some_and(|r| r.contains(&denied))
+    })
+    .await;
+    assert!(status.level < SessionLevel::Full, "{status:?}");
+    assert_eq!(status.pending_stale, [legacy.as_str()]);
+    assert_eq!(
+        (status.ingested, status.dropped_unmatched),
+        (0, 0),
+        "{status:?}"
+    );
+    let state = wharf.session_ledger().load(&id).await.expect("ledger");
+    let history: Vec<String> = state
+        .history_filters()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    assert!(
+        history.contains(&legacy) && !history.contains(&old),
+        "{history:?}"
+    );
+    // Later connections keep failing on LEGACY/# and never drop the message either.
+    next_generations(runtime, 1).await;
+    shutdown(runtimes).await;
+    assert_eq!(
+        ledger_events(&ts, &id)
+            .await
+            .iter()
+            .filter(|(t, _)| t == "FilterForgotten")
+            .count(),
+        1,
+        "only OLD/# was forgotten"
+    );
+
+    // Never acked: the broker redelivers it to the session's next connection.
+    let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
+    let replay = next_delivery(&mut deliveries).await;
+    assert_eq!(replay.topic, covered);
+    assert!(replay.dup, "a redelivery");
+}
+
+on_both_backends!(
+    a_delivery_only_a_pending_stale_filter_covers_is_held,
+    a_delivery_only_a_pending_stale_filter_covers_is_held
+);
+
+/// Fails every batch, counting the messages it was offered.
+#[derive(Default)]
+struct Refusing {
+    offered: AtomicU32,
+}
+
+#[async_trait]
+impl MqttHandler for Refusing {
+    async fn handle(&self, batch: &[MqttMessage]) -> Result<(), HandlerError> {
+        self.offered.fetch_add(batch.len() as u32, Ordering::SeqCst);
+        Err(HandlerError::new("refusing on purpose"))
+    }
+}
+
+async fn a_shared_replay_after_removal_requires_migration(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-share");
+    let shared = format!("$share/g/{root}/#");
+    let broker = Broker::start(BrokerConfig::default());
+    let client = unique("wharf-share");
+    let before = session_config(&ts, &broker.url(), &client, &[(&shared, 1)], GRACE);
+    let id = session_id(&before);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+
+    // Delivered through the shared filter and left unacked by a failing handler.
+    let refusing = Arc::new(Refusing::default());
+    let runtimes = wharf
+        .start_sessions_with(&before, refusing.clone())
+        .expect("starts");
+    wait_status(&runtimes[0], "Full", |s| s.level == SessionLevel::Full).await;
+    let topic = format!("{root}/x");
+    publish(broker.port, &topic, "through the share").await;
+    wait_status(&runtimes[0], "the handler's failure", |s| {
+        s.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("handler failed"))
+    })
+    .await;
+    shutdown(runtimes).await;
+    assert!(refusing.offered.load(Ordering::SeqCst) >= 1);
+
+    // The shared filter leaves the desired set: its replay after the recycle is terminal.
+    let after = session_config(
+        &ts,
+        &broker.url(),
+        &client,
+        &[(&format!("{root}/other/#"), 1)],
+        GRACE,
+    );
+    assert_eq!(session_id(&after), id);
+    let offered_before = refusing.offered.load(Ordering::SeqCst);
+    let runtimes = wharf
+        .start_sessions_with(&after, refusing.clone())
+        .expect("starts");
+    let terminal = wait_status(
+        &runtimes[0],
+        "MigrationRequired, its reason naming the share",
+        |s| {
+            s.level == SessionLevel::MigrationRequired
+                && s.reason.as_deref().is_some_and(|r| r.contains(&shared))
+        },
+    )
+    .await;
+    assert_eq!(terminal.held, 1, "the replay was held: {terminal:?}");
+    assert!(
+        terminal
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains(&shared)),
+        "{terminal:?}"
+    );
+    assert_eq!(terminal.dropped_unmatched, 0);
+    assert_eq!(refusing.offered.load(Ordering::SeqCst), offered_before);
+    shutdown(runtimes).await;
+    let events = ledger_events(&ts, &id).await;
+    assert!(
+        events.iter().any(|(t, _)| t == "MigrationRequired"),
+        "{events:?}"
+    );
+    let state = wharf.session_ledger().load(&id).await.expect("ledger");
+    assert!(state.migration_required.is_some());
+    let history: Vec<String> = state
+        .history_filters()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    assert!(history.contains(&shared), "history kept: {history:?}");
+
+    // A restart stays terminal and never connects.
+    let runtimes = wharf.start_sessions(&after).expect("starts");
+    let again = wait_status(&runtimes[0], "MigrationRequired at startup", |s| {
+        s.level == SessionLevel::MigrationRequired
+    })
+    .await;
+    assert_eq!(again.generation, None, "nothing connected");
+    shutdown(runtimes).await;
+
+    // Nothing was acked: the broker still replays it to the session's client id.
+    let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
+    let replay = next_delivery(&mut deliveries).await;
+    assert_eq!((replay.topic.as_str(), replay.dup), (topic.as_str(), true));
+}
+
+on_both_backends!(
+    a_shared_replay_after_removal_requires_migration,
+    a_shared_replay_after_removal_requires_migration
+);
+
+async fn a_delivery_matching_no_filter_is_dropped_after_the_grace(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-ghost");
+    let (plant, ghost) = (format!("{root}/plant/#"), format!("{root}/ghost/#"));
+    let broker = Broker::start(BrokerConfig::default());
+    let client = unique("wharf-ghost");
+    // The broker session holds GHOST/#, which the (wrongly empty) baseline does not know.
+    let (handle, _deliveries) = resume_session(broker.port, &client).await;
+    let filters = vec![(ghost.clone(), QoS::AtLeastOnce)];
+    handle.subscribe(filters, None).await.expect("subscribe");
+    let _ = handle.disconnect(DisconnectReason::Normal).await;
+    publish(broker.port, &format!("{root}/ghost/x"), "nobody's").await;
+
+    let config = session_config(&ts, &broker.url(), &client, &[(&plant, 1)], GRACE);
+    let wharf = ts.wharf();
+    wharf
+        .seed_session_baseline(&session_id(&config), &[])
+        .await
+        .expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    wait_status(&runtimes[0], "Full", |s| s.level == SessionLevel::Full).await;
+    let full_at = Instant::now();
+    let dropped = wait_status(&runtimes[0], "the unmatched drop", |s| {
+        s.dropped_unmatched == 1
+    })
+    .await;
+    let waited = full_at.elapsed();
+    assert!(
+        waited >= GRACE * 3 / 4,
+        "dropped after {waited:?}, before the grace"
+    );
+    assert_eq!((dropped.ingested, dropped.held), (0, 0), "{dropped:?}");
+    assert_eq!(dropped.level, SessionLevel::Full);
+    shutdown(runtimes).await;
+
+    // Acked: the next connection of the session gets the new message, not a replay.
+    let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
+    let marker = format!("{root}/ghost/marker");
+    publish(broker.port, &marker, "new").await;
+    let first = next_delivery(&mut deliveries).await;
+    assert_eq!((first.topic.as_str(), first.dup), (marker.as_str(), false));
+}
+
+on_both_backends!(
+    a_delivery_matching_no_filter_is_dropped_after_the_grace,
+    a_delivery_matching_no_filter_is_dropped_after_the_grace
+);
