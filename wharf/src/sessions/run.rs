@@ -120,11 +120,13 @@ impl<'a> Run<'a> {
             Err(reason) => return self.retry(reason),
         };
         loop {
-            if let Step::End(outcome) = self.drain(&mut machine, &mut connection).await {
+            let step = self.drain(&mut machine, &mut connection).await;
+            // Published on every path: a run that ends here must not leave a stale list.
+            self.publish_machine(&machine);
+            if let Step::End(outcome) = step {
                 disconnect(&connection, DisconnectReason::Normal).await;
                 return outcome;
             }
-            self.publish_machine(&machine);
             let deadline = machine
                 .next_deadline()
                 .map(|at| self.started + at)
@@ -141,6 +143,7 @@ impl<'a> Run<'a> {
                             generation: connection.generation(),
                         });
                         let _ = self.drain(&mut machine, &mut connection).await;
+                        self.publish_machine(&machine);
                         return self.retry(format!("the connection ended: {cause}"));
                     }
                 },
