@@ -205,84 +205,140 @@ on_both_backends!(
     a_qos_downgrade_fails_the_reconcile_with_history_kept
 );
 
-async fn a_delivery_only_a_pending_stale_filter_covers_is_held(backend: Backend) {
-    let ts = TestStore::new(backend).await;
-    let root = unique("edges-cover");
-    let (plant, legacy, old) = (
-        format!("{root}/plant/#"),
-        format!("{root}/legacy/#"),
-        format!("{root}/old/#"),
-    );
-    // Everything may be subscribed; LEGACY/# may never be unsubscribed.
+/// A broker session holding `ROOT/legacy/#` (whose UNSUBSCRIBE dynsec denies) and `others`,
+/// with a baseline saying so, a message waiting on a topic only `ROOT/legacy/#` covers, and a
+/// config desiring `ROOT/plant/#` instead.
+struct DeniedStale {
+    broker: Broker,
+    client: String,
+    legacy: String,
+    covered: String,
+    config: wharf::Config,
+    id: String,
+}
+
+async fn denied_stale(ts: &TestStore, root: &str, others: &[&str]) -> DeniedStale {
+    let legacy = format!("{root}/legacy/#");
     let rules = anonymous_dynsec(&[
         ("subscribePattern", &format!("{root}/#"), true),
         ("unsubscribePattern", &legacy, false),
     ]);
     let broker = Broker::start(BrokerConfig::dynsec(rules));
     let client = unique("wharf-cover");
-    // The broker session already holds LEGACY/# and OLD/#, and the baseline says so.
     let (handle, _deliveries) = resume_session(broker.port, &client).await;
-    let filters = vec![
-        (legacy.clone(), QoS::AtLeastOnce),
-        (old.clone(), QoS::AtLeastOnce),
-    ];
+    let mut stale = vec![legacy.as_str()];
+    stale.extend_from_slice(others);
+    let filters = stale
+        .iter()
+        .map(|f| ((*f).to_owned(), QoS::AtLeastOnce))
+        .collect();
     handle.subscribe(filters, None).await.expect("subscribe");
     let _ = handle.disconnect(DisconnectReason::Normal).await;
     let covered = format!("{root}/legacy/x");
     publish(broker.port, &covered, "only legacy covers me").await;
-
-    let config = session_config(&ts, &broker.url(), &client, &[(&plant, 1)], GRACE);
+    let plant = format!("{root}/plant/#");
+    let config = session_config(ts, &broker.url(), &client, &[(&plant, 1)], GRACE);
     let id = session_id(&config);
-    let wharf = ts.wharf();
-    wharf
-        .seed_session_baseline(&id, &[&legacy, &old])
+    ts.wharf()
+        .seed_session_baseline(&id, &stale)
         .await
         .expect("seed");
-    let runtimes = wharf.start_sessions(&config).expect("starts");
+    DeniedStale {
+        broker,
+        client,
+        legacy,
+        covered,
+        config,
+        id,
+    }
+}
+
+/// The message only the stale filter covers was never acked: the broker redelivers it.
+async fn assert_redelivered(case: &DeniedStale) {
+    let (_handle, mut deliveries) = resume_session(case.broker.port, &case.client).await;
+    let replay = next_delivery(&mut deliveries).await;
+    assert_eq!(
+        (replay.topic.as_str(), replay.dup),
+        (case.covered.as_str(), true)
+    );
+}
+
+async fn a_stale_filter_whose_unsubscribe_is_denied_stays_pending(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let case = denied_stale(&ts, &unique("edges-pending"), &[]).await;
+    let wharf = ts.wharf();
+    let runtimes = wharf.start_sessions(&case.config).expect("starts");
+    let runtime = &runtimes[0];
+    let denied = format!("unsubscribe not verified for \"{}\"", case.legacy);
+    let status = wait_status(runtime, "the denied UNSUBSCRIBE", |s| {
+        s.reason.as_deref().is_some_and(|r| r.contains(&denied))
+    })
+    .await;
+    assert!(status.level < SessionLevel::Full, "{status:?}");
+    assert_eq!(status.pending_stale, [case.legacy.as_str()], "{status:?}");
+    assert_eq!((status.ingested, status.dropped_unmatched), (0, 0));
+    // Retried on later connections, and still pending.
+    next_generations(runtime, 1).await;
+    shutdown(runtimes).await;
+    let state = wharf.session_ledger().load(&case.id).await.expect("ledger");
+    let history: Vec<String> = state
+        .history_filters()
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
+    let plant = case.legacy.replace("/legacy/#", "/plant/#");
+    assert_eq!(history, [case.legacy.clone(), plant], "history kept");
+    assert_redelivered(&case).await;
+}
+
+on_both_backends!(
+    a_stale_filter_whose_unsubscribe_is_denied_stays_pending,
+    a_stale_filter_whose_unsubscribe_is_denied_stays_pending
+);
+
+async fn a_delivery_only_a_pending_stale_filter_covers_is_held(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-cover");
+    let old = format!("{root}/old/#");
+    let case = denied_stale(&ts, &root, &[&old]).await;
+    let wharf = ts.wharf();
+    let runtimes = wharf.start_sessions(&case.config).expect("starts");
     let runtime = &runtimes[0];
 
     // OLD/# is removed (recycle, window, Forget); LEGACY/# stays pending and holds the message
     // through the replacement connection's whole window.
-    let denied = format!("unsubscribe not verified for \"{legacy}\"");
+    let denied = format!("unsubscribe not verified for \"{}\"", case.legacy);
     let status = wait_status(runtime, "the denied UNSUBSCRIBE after the window", |s| {
         s.held >= 1 && s.reason.as_deref().is_some_and(|r| r.contains(&denied))
     })
     .await;
     assert!(status.level < SessionLevel::Full, "{status:?}");
-    assert_eq!(status.pending_stale, [legacy.as_str()]);
+    assert_eq!(status.pending_stale, [case.legacy.as_str()]);
     assert_eq!(
         (status.ingested, status.dropped_unmatched),
         (0, 0),
         "{status:?}"
     );
-    let state = wharf.session_ledger().load(&id).await.expect("ledger");
+    let state = wharf.session_ledger().load(&case.id).await.expect("ledger");
     let history: Vec<String> = state
         .history_filters()
         .iter()
         .map(|f| f.to_string())
         .collect();
     assert!(
-        history.contains(&legacy) && !history.contains(&old),
+        history.contains(&case.legacy) && !history.contains(&old),
         "{history:?}"
     );
     // Later connections keep failing on LEGACY/# and never drop the message either.
     next_generations(runtime, 1).await;
     shutdown(runtimes).await;
-    assert_eq!(
-        ledger_events(&ts, &id)
-            .await
-            .iter()
-            .filter(|(t, _)| t == "FilterForgotten")
-            .count(),
-        1,
-        "only OLD/# was forgotten"
-    );
-
-    // Never acked: the broker redelivers it to the session's next connection.
-    let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
-    let replay = next_delivery(&mut deliveries).await;
-    assert_eq!(replay.topic, covered);
-    assert!(replay.dup, "a redelivery");
+    let forgotten = ledger_events(&ts, &case.id)
+        .await
+        .into_iter()
+        .filter(|(t, _)| t == "FilterForgotten")
+        .count();
+    assert_eq!(forgotten, 1, "only OLD/# was forgotten");
+    assert_redelivered(&case).await;
 }
 
 on_both_backends!(
