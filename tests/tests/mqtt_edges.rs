@@ -502,3 +502,66 @@ on_both_backends!(
     a_delivery_matching_no_filter_is_dropped_after_the_grace,
     a_delivery_matching_no_filter_is_dropped_after_the_grace
 );
+
+async fn a_replay_through_a_removed_filter_is_held_until_forgotten(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-removed");
+    let (old, plant) = (format!("{root}/old/#"), format!("{root}/plant/#"));
+    let broker = Broker::start(BrokerConfig::default());
+    let client = unique("wharf-removed");
+    let before = session_config(&ts, &broker.url(), &client, &[(&old, 1)], GRACE);
+    let id = session_id(&before);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let refusing = Arc::new(Refusing::default());
+    let runtimes = wharf
+        .start_sessions_with(&before, refusing.clone())
+        .expect("starts");
+    wait_status(&runtimes[0], "Full", |s| s.level == SessionLevel::Full).await;
+    let topic = format!("{root}/old/x");
+    publish(broker.port, &topic, "through old").await;
+    wait_status(&runtimes[0], "the handler's failure", |s| {
+        s.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("handler failed"))
+    })
+    .await;
+    shutdown(runtimes).await;
+
+    // OLD/# is removed; its replay on the replacement connection is held through the window,
+    // and stays unacked on that connection after the Forget, at Full.
+    let after = session_config(&ts, &broker.url(), &client, &[(&plant, 1)], GRACE);
+    let runtimes = wharf.start_sessions(&after).expect("starts");
+    let full = wait_status(&runtimes[0], "Full after the removal", |s| {
+        s.level == SessionLevel::Full
+    })
+    .await;
+    assert_eq!((full.held, full.dropped_unmatched), (1, 0), "{full:?}");
+    let mut watch = runtimes[0].watch();
+    let dropped = tokio::time::timeout(GRACE * 3, watch.wait_for(|s| s.dropped_unmatched > 0));
+    assert!(
+        dropped.await.is_err(),
+        "a held replay was dropped: {:?}",
+        runtimes[0].status()
+    );
+    shutdown(runtimes).await;
+
+    // The next connection finds it matching no filter at all: acked and dropped after the grace.
+    let runtimes = wharf.start_sessions(&after).expect("starts");
+    let status = wait_status(&runtimes[0], "the unmatched drop", |s| {
+        s.dropped_unmatched == 1
+    })
+    .await;
+    assert_eq!((status.held, status.ingested), (0, 0), "{status:?}");
+    shutdown(runtimes).await;
+    let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
+    let marker = format!("{root}/plant/marker");
+    publish(broker.port, &marker, "new").await;
+    let first = next_delivery(&mut deliveries).await;
+    assert_eq!((first.topic.as_str(), first.dup), (marker.as_str(), false));
+}
+
+on_both_backends!(
+    a_replay_through_a_removed_filter_is_held_until_forgotten,
+    a_replay_through_a_removed_filter_is_held_until_forgotten
+);
