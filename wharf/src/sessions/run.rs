@@ -24,7 +24,7 @@ use wharf_mqtt::{
 };
 
 use super::ingest::{to_log_message, MqttHandler, MqttMessage};
-use super::runtime::{ReconcileOutcome, RuntimeSettings, SessionStatus};
+use super::runtime::{level_reason, ReconcileOutcome, RuntimeSettings, SessionStatus};
 use super::SessionLedger;
 use crate::config::ResolvedSession;
 
@@ -322,13 +322,7 @@ impl<'a> Run<'a> {
             self.converged = true;
             self.record_reconcile(true, "every desired filter granted; history equals desired");
         }
-        let reason = match level {
-            SessionLevel::Full => None,
-            SessionLevel::Subscribed if !machine.pending_stale().is_empty() => {
-                Some("stale filters await removal".to_owned())
-            }
-            other => Some(format!("reconciling ({other})")),
-        };
+        let reason = level_reason(level, machine);
         tracing::info!(%level, "session level");
         let pending = pending_strings(machine);
         self.status.send_modify(|s| {
