@@ -403,14 +403,14 @@ async fn a_shared_replay_after_removal_requires_migration(backend: Backend) {
         .expect("starts");
     let terminal = wait_status(
         &runtimes[0],
-        "MigrationRequired, its reason naming the share",
+        "MigrationRequired, its reason naming the share, the replay held",
         |s| {
             s.level == SessionLevel::MigrationRequired
                 && s.reason.as_deref().is_some_and(|r| r.contains(&shared))
+                && s.held == 1
         },
     )
     .await;
-    assert_eq!(terminal.held, 1, "the replay was held: {terminal:?}");
     assert!(
         terminal
             .reason
