@@ -7,6 +7,7 @@
 //! new config) keep the port, the directory and, with persistence, the broker's sessions.
 
 use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -87,6 +88,10 @@ impl Broker {
     /// Starts a broker with `config` on a free loopback port.
     pub fn start(config: BrokerConfig) -> Broker {
         let dir = tempfile::tempdir().expect("a temp dir for the broker");
+        // Started as root, mosquitto runs as the `mosquitto` user: it must be able to write its
+        // persistence file (and the dynsec plugin its config) into the directory.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .expect("open the broker's directory to the broker's user");
         let mut broker = Broker {
             port: 0,
             config,
