@@ -50,11 +50,14 @@ fn remembered(events: &[(String, serde_json::Value)], filter: &str) -> bool {
         .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter)
 }
 
-/// Waits for `count` connection generations after the current one, returning when each was
+/// Waits for `count` connection generations after `last`, returning when each was
 /// first seen: supervision reconnects after each failed run with a growing wait.
-async fn next_generations(runtime: &SessionRuntime, count: usize) -> Vec<Instant> {
+async fn next_generations(
+    runtime: &SessionRuntime,
+    mut last: Option<u64>,
+    count: usize,
+) -> Vec<Instant> {
     let mut seen = Vec::new();
-    let mut last = runtime.status().generation;
     for _ in 0..count {
         let status = wait_status(runtime, "a new connection generation", |s| {
             s.generation.is_some() && s.generation != last
@@ -90,6 +93,7 @@ async fn a_refused_subscribe_fails_the_reconcile_until_allowed(backend: Backend)
         s.reason.as_deref().is_some_and(|r| r.contains(&refusal))
     })
     .await;
+    let failed_at = Instant::now();
     assert!(failed.level < SessionLevel::Full, "{failed:?}");
     let last = failed.last_reconcile.expect("a reconcile outcome");
     assert!(
@@ -109,8 +113,7 @@ async fn a_refused_subscribe_fails_the_reconcile_until_allowed(backend: Backend)
     assert!(history.contains(&denied), "history kept: {history:?}");
 
     // Supervision retries on new connections, waiting longer each time (1 s, then 2 s).
-    let failed_at = Instant::now();
-    let retries = next_generations(runtime, 2).await;
+    let retries = next_generations(runtime, failed.generation, 2).await;
     let (first_wait, second_wait) = (retries[0] - failed_at, retries[1] - retries[0]);
     assert!(first_wait >= Duration::from_millis(800), "{first_wait:?}");
     assert!(
@@ -185,7 +188,7 @@ async fn a_qos_downgrade_fails_the_reconcile_with_history_kept(backend: Backend)
             .collect::<Vec<_>>(),
         [filter.as_str()]
     );
-    next_generations(runtime, 1).await;
+    next_generations(runtime, runtime.status().generation, 1).await;
     assert!(runtime.status().level < SessionLevel::Full);
 
     // Without the cap, QoS 2 is granted and the same runtime converges.
@@ -278,7 +281,7 @@ async fn a_stale_filter_whose_unsubscribe_is_denied_stays_pending(backend: Backe
     assert_eq!(status.pending_stale, [case.legacy.as_str()], "{status:?}");
     assert_eq!((status.ingested, status.dropped_unmatched), (0, 0));
     // Retried on later connections, and still pending.
-    next_generations(runtime, 1).await;
+    next_generations(runtime, runtime.status().generation, 1).await;
     shutdown(runtimes).await;
     let state = wharf.session_ledger().load(&case.id).await.expect("ledger");
     let history: Vec<String> = state
@@ -330,7 +333,7 @@ async fn a_delivery_only_a_pending_stale_filter_covers_is_held(backend: Backend)
         "{history:?}"
     );
     // Later connections keep failing on LEGACY/# and never drop the message either.
-    next_generations(runtime, 1).await;
+    next_generations(runtime, runtime.status().generation, 1).await;
     shutdown(runtimes).await;
     let forgotten = ledger_events(&ts, &case.id)
         .await
