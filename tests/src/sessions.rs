@@ -150,3 +150,23 @@ pub async fn next_delivery(deliveries: &mut Deliveries) -> Delivery {
         Err(_) => panic!("no delivery within {SESSION_DEADLINE:?}"),
     }
 }
+
+/// Publishes `count` QoS 1 messages (`m0`, `m1`, ...) to `topic` over one connection
+/// (`mosquitto_pub -l`), returning once the broker acknowledged them all.
+pub fn publish_many(port: u16, topic: &str, count: usize) {
+    use std::io::Write;
+    let lines: String = (0..count).map(|i| format!("m{i}\n")).collect();
+    let mut child = std::process::Command::new("mosquitto_pub")
+        .args(["-V", "5", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-q", "1", "-l", "-t", topic])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run mosquitto_pub");
+    let mut stdin = child.stdin.take().expect("mosquitto_pub's stdin");
+    stdin
+        .write_all(lines.as_bytes())
+        .expect("feed mosquitto_pub");
+    drop(stdin);
+    let status = child.wait().expect("wait for mosquitto_pub");
+    assert!(status.success(), "mosquitto_pub failed: {status}");
+}
