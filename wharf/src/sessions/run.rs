@@ -7,7 +7,9 @@
 //! Forget only after a verified UNSUBACK and the recycle's watch window). Any failure ends the
 //! run; the next one starts again from the ledger, which is what makes a crash at any step
 //! safe. Acks go only to the connection that received the delivery, and only after the handler
-//! succeeded (the driver refuses any other ack).
+//! succeeded (the driver refuses any other ack). A connection that reaches Full still holding
+//! deliveries (replays only a since-forgotten filter covered) is recycled once, so their
+//! receive-maximum slots do not stay taken: the broker redelivers them to the next one.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -62,6 +64,9 @@ pub(super) struct Run<'a> {
     parked: BTreeMap<u64, Delivery>,
     /// Deliveries dispatched and not yet handed to the handler, in order.
     batch: Vec<(u64, Delivery)>,
+    /// Deliveries held (never acked) on the current connection: each keeps a receive-maximum
+    /// slot at the broker until the connection ends.
+    held: usize,
     next_id: u64,
     converged: bool,
 }
@@ -90,6 +95,7 @@ impl<'a> Run<'a> {
             inputs: VecDeque::new(),
             parked: BTreeMap::new(),
             batch: Vec::new(),
+            held: 0,
             next_id: 0,
             converged: false,
         }
@@ -286,6 +292,7 @@ impl<'a> Run<'a> {
             }
             Action::Hold { id } => {
                 if self.parked.contains_key(&id) {
+                    self.held += 1;
                     self.status.send_modify(|s| s.held += 1);
                 }
                 Step::Continue
@@ -312,6 +319,16 @@ impl<'a> Run<'a> {
             }
             Action::Level(level) => {
                 self.on_level(level, machine);
+                if level == SessionLevel::Full && self.held > 0 {
+                    // Only filters already forgotten covered them: held here, they would keep
+                    // their slots for as long as this connection lives (enough of them stall
+                    // the session at Full). A new connection gets them again, matching nothing.
+                    tracing::info!(
+                        held = self.held,
+                        "held deliveries at Full: reconnecting so the broker redelivers them"
+                    );
+                    return self.recycle(connection).await;
+                }
                 Step::Continue
             }
         }
@@ -478,6 +495,7 @@ impl<'a> Run<'a> {
         // What the old connection delivered and nobody acked is the broker's to replay.
         self.parked.clear();
         self.batch.clear();
+        self.held = 0;
         self.inputs
             .push_back(Input::Disconnected { generation: old });
         match self.connect().await {
