@@ -1,15 +1,17 @@
 //! Helpers for managed-session tests: a persistent session's config against any broker, waiting
 //! on a runtime's status with a deadline, the ledger's stored events, and plain MQTT clients
 //! (a publisher, and a client that takes over a session's client id to see what the broker
-//! still holds for it).
+//! still holds for it), supervision's reconnects, and a handler that always fails.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
 
 use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::{SessionMode, MANAGED_SESSION_AGGREGATE};
-use wharf::sessions::{SessionRuntime, SessionStatus};
-use wharf::Config;
+use wharf::sessions::{MqttHandler, MqttMessage, SessionRuntime, SessionStatus};
+use wharf::{Config, HandlerError};
 use wharf_mqtt::SessionHandle;
 use wharf_mqtt::{ConnectOptions, Deliveries, Delivery, DisconnectReason, QoS, Session};
 
@@ -169,4 +171,50 @@ pub fn publish_many(port: u16, topic: &str, count: usize) {
     drop(stdin);
     let status = child.wait().expect("wait for mosquitto_pub");
     assert!(status.success(), "mosquitto_pub failed: {status}");
+}
+
+/// Blocking broker control (stop, start) off the async workers.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Shuts every runtime down, in order.
+pub async fn shutdown(runtimes: Vec<SessionRuntime>) {
+    for runtime in runtimes {
+        runtime.shutdown().await;
+    }
+}
+
+/// Waits for `count` connection generations after `last`, returning when each was
+/// first seen: supervision reconnects after each failed run with a growing wait.
+pub async fn next_generations(
+    runtime: &SessionRuntime,
+    mut last: Option<u64>,
+    count: usize,
+) -> Vec<Instant> {
+    let mut seen = Vec::new();
+    for _ in 0..count {
+        let status = wait_status(runtime, "a new connection generation", |s| {
+            s.generation.is_some() && s.generation != last
+        })
+        .await;
+        seen.push(Instant::now());
+        last = status.generation;
+    }
+    seen
+}
+
+/// Fails every batch, counting the messages it was offered.
+#[derive(Default)]
+pub struct Refusing {
+    /// How many messages it was offered.
+    pub offered: AtomicU32,
+}
+
+#[async_trait]
+impl MqttHandler for Refusing {
+    async fn handle(&self, batch: &[MqttMessage]) -> Result<(), HandlerError> {
+        self.offered.fetch_add(batch.len() as u32, Ordering::SeqCst);
+        Err(HandlerError::new("refusing on purpose"))
+    }
 }

@@ -6,34 +6,20 @@
 //! migration-required with nothing acked; a delivery matching no filter is acked and dropped
 //! after `unmatched_grace` (the documented behaviour).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use wharf::domain::session::{Qos, SessionLevel, SubscribeOutcome};
-use wharf::sessions::{MqttHandler, MqttMessage, SessionRuntime};
-use wharf::HandlerError;
 use wharf_mqtt::{DisconnectReason, QoS};
 use wharf_tests::broker::{anonymous_dynsec, Broker, BrokerConfig};
 use wharf_tests::sessions::{
-    ledger_events, next_delivery, publish, publish_many, resume_session, session_config,
-    session_id, unique, wait_status,
+    blocking, ledger_events, next_delivery, next_generations, publish, publish_many,
+    resume_session, session_config, session_id, shutdown, unique, wait_status, Refusing,
 };
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
 const GRACE: Duration = Duration::from_millis(400);
-
-/// Blocking broker control (stop, start) off the async workers.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
-async fn shutdown(runtimes: Vec<SessionRuntime>) {
-    for runtime in runtimes {
-        runtime.shutdown().await;
-    }
-}
 
 /// The `SubscribeAcknowledged` outcomes the ledger recorded for `filter`, in order.
 fn suback_outcomes(events: &[(String, serde_json::Value)], filter: &str) -> Vec<SubscribeOutcome> {
@@ -48,25 +34,6 @@ fn remembered(events: &[(String, serde_json::Value)], filter: &str) -> bool {
     events
         .iter()
         .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter)
-}
-
-/// Waits for `count` connection generations after `last`, returning when each was
-/// first seen: supervision reconnects after each failed run with a growing wait.
-async fn next_generations(
-    runtime: &SessionRuntime,
-    mut last: Option<u64>,
-    count: usize,
-) -> Vec<Instant> {
-    let mut seen = Vec::new();
-    for _ in 0..count {
-        let status = wait_status(runtime, "a new connection generation", |s| {
-            s.generation.is_some() && s.generation != last
-        })
-        .await;
-        seen.push(Instant::now());
-        last = status.generation;
-    }
-    seen
 }
 
 async fn a_refused_subscribe_fails_the_reconcile_until_allowed(backend: Backend) {
@@ -348,20 +315,6 @@ on_both_backends!(
     a_delivery_only_a_pending_stale_filter_covers_is_held,
     a_delivery_only_a_pending_stale_filter_covers_is_held
 );
-
-/// Fails every batch, counting the messages it was offered.
-#[derive(Default)]
-struct Refusing {
-    offered: AtomicU32,
-}
-
-#[async_trait]
-impl MqttHandler for Refusing {
-    async fn handle(&self, batch: &[MqttMessage]) -> Result<(), HandlerError> {
-        self.offered.fetch_add(batch.len() as u32, Ordering::SeqCst);
-        Err(HandlerError::new("refusing on purpose"))
-    }
-}
 
 async fn a_shared_replay_after_removal_requires_migration(backend: Backend) {
     let ts = TestStore::new(backend).await;
