@@ -51,19 +51,7 @@ fn config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
     config.mqtt.sessions.insert(
         "plant".to_owned(),
         SessionConfig {
-            brokers: vec![format!("mqtt://127.0.0.1:{}", broker_port())],
-            client_id: client_id.to_owned(),
-            client_id_suffix: Default::default(),
-            mode: wharf::domain::session::SessionMode::Persistent,
-            clean_start: None,
             session_expiry: Some(Duration::from_secs(300)),
-            keep_alive: Duration::from_secs(30),
-            username: None,
-            password: None,
-            password_env: None,
-            tls_ca_file: None,
-            tls_cert_file: None,
-            tls_key_file: None,
             subscriptions: filters
                 .iter()
                 .map(|f| SubscriptionConfig {
@@ -72,6 +60,7 @@ fn config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
                     topic: "sensors".to_owned(),
                 })
                 .collect(),
+            ..SessionConfig::new(&format!("mqtt://127.0.0.1:{}", broker_port()), client_id)
         },
     );
     config

@@ -124,6 +124,29 @@ pub struct SessionConfig {
     pub subscriptions: Vec<SubscriptionConfig>,
 }
 
+impl SessionConfig {
+    /// A persistent session on `broker` as `client_id` with every other key at its default and
+    /// no subscriptions (fill them in with struct update syntax).
+    pub fn new(broker: &str, client_id: &str) -> Self {
+        Self {
+            brokers: vec![broker.to_owned()],
+            client_id: client_id.to_owned(),
+            client_id_suffix: ClientIdSuffix::None,
+            mode: default_mode(),
+            clean_start: None,
+            session_expiry: None,
+            keep_alive: default_keep_alive(),
+            username: None,
+            password: None,
+            password_env: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            subscriptions: Vec::new(),
+        }
+    }
+}
+
 fn default_mode() -> SessionMode {
     SessionMode::Persistent
 }

@@ -7,7 +7,9 @@
 //! Forget only after a verified UNSUBACK and the recycle's watch window). Any failure ends the
 //! run; the next one starts again from the ledger, which is what makes a crash at any step
 //! safe. Acks go only to the connection that received the delivery, and only after the handler
-//! succeeded (the driver refuses any other ack).
+//! succeeded (the driver refuses any other ack). A connection that reaches Full still holding
+//! deliveries (replays only a since-forgotten filter covered) is recycled once, so their
+//! receive-maximum slots do not stay taken: the broker redelivers them to the next one.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -24,7 +26,7 @@ use wharf_mqtt::{
 };
 
 use super::ingest::{to_log_message, MqttHandler, MqttMessage};
-use super::runtime::{ReconcileOutcome, RuntimeSettings, SessionStatus};
+use super::runtime::{level_reason, ReconcileOutcome, RuntimeSettings, SessionStatus};
 use super::SessionLedger;
 use crate::config::ResolvedSession;
 
@@ -62,6 +64,9 @@ pub(super) struct Run<'a> {
     parked: BTreeMap<u64, Delivery>,
     /// Deliveries dispatched and not yet handed to the handler, in order.
     batch: Vec<(u64, Delivery)>,
+    /// Deliveries held (never acked) on the current connection: each keeps a receive-maximum
+    /// slot at the broker until the connection ends.
+    held: usize,
     next_id: u64,
     converged: bool,
 }
@@ -90,6 +95,7 @@ impl<'a> Run<'a> {
             inputs: VecDeque::new(),
             parked: BTreeMap::new(),
             batch: Vec::new(),
+            held: 0,
             next_id: 0,
             converged: false,
         }
@@ -120,11 +126,13 @@ impl<'a> Run<'a> {
             Err(reason) => return self.retry(reason),
         };
         loop {
-            if let Step::End(outcome) = self.drain(&mut machine, &mut connection).await {
+            let step = self.drain(&mut machine, &mut connection).await;
+            // Published on every path: a run that ends here must not leave a stale list.
+            self.publish_machine(&machine);
+            if let Step::End(outcome) = step {
                 disconnect(&connection, DisconnectReason::Normal).await;
                 return outcome;
             }
-            self.publish_machine(&machine);
             let deadline = machine
                 .next_deadline()
                 .map(|at| self.started + at)
@@ -142,6 +150,11 @@ impl<'a> Run<'a> {
                         // now (that would only add duplicates).
                         self.parked.clear();
                         self.batch.clear();
+                        self.inputs.push_back(Input::Disconnected {
+                            generation: connection.generation(),
+                        });
+                        let _ = self.drain(&mut machine, &mut connection).await;
+                        self.publish_machine(&machine);
                         return self.retry(format!("the connection ended: {cause}"));
                     }
                 },
@@ -285,6 +298,7 @@ impl<'a> Run<'a> {
             }
             Action::Hold { id } => {
                 if self.parked.contains_key(&id) {
+                    self.held += 1;
                     self.status.send_modify(|s| s.held += 1);
                 }
                 Step::Continue
@@ -311,6 +325,16 @@ impl<'a> Run<'a> {
             }
             Action::Level(level) => {
                 self.on_level(level, machine);
+                if level == SessionLevel::Full && self.held > 0 {
+                    // Only filters already forgotten covered them: held here, they would keep
+                    // their slots for as long as this connection lives (enough of them stall
+                    // the session at Full). A new connection gets them again, matching nothing.
+                    tracing::info!(
+                        held = self.held,
+                        "held deliveries at Full: reconnecting so the broker redelivers them"
+                    );
+                    return self.recycle(connection).await;
+                }
                 Step::Continue
             }
         }
@@ -321,13 +345,7 @@ impl<'a> Run<'a> {
             self.converged = true;
             self.record_reconcile(true, "every desired filter granted; history equals desired");
         }
-        let reason = match level {
-            SessionLevel::Full => None,
-            SessionLevel::Subscribed if !machine.pending_stale().is_empty() => {
-                Some("stale filters await removal".to_owned())
-            }
-            other => Some(format!("reconciling ({other})")),
-        };
+        let reason = level_reason(level, machine);
         tracing::info!(%level, "session level");
         let pending = pending_strings(machine);
         self.status.send_modify(|s| {
@@ -483,6 +501,7 @@ impl<'a> Run<'a> {
         // What the old connection delivered and nobody acked is the broker's to replay.
         self.parked.clear();
         self.batch.clear();
+        self.held = 0;
         self.inputs
             .push_back(Input::Disconnected { generation: old });
         match self.connect().await {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use wharf_domain::session::SessionLevel;
+use wharf_domain::session::{Reconciler, SessionLevel};
 
 use super::ingest::MqttHandler;
 use super::run::{Outcome, Run};
@@ -180,5 +180,80 @@ async fn supervise(
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
         wait = (wait * 2).min(settings.retry_cap);
+    }
+}
+
+/// Why a session at `level` is below Full, as its status says (None at Full).
+pub(super) fn level_reason(level: SessionLevel, machine: &Reconciler) -> Option<String> {
+    match level {
+        SessionLevel::Full => None,
+        // The machine is terminal by the time its actions are carried out: its reason, not a
+        // placeholder until the ledger write lands.
+        SessionLevel::MigrationRequired => machine.last_failure().map(str::to_owned),
+        SessionLevel::Subscribed if !machine.pending_stale().is_empty() => {
+            Some("stale filters await removal".to_owned())
+        }
+        other => Some(format!("reconciling ({other})")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use wharf_domain::session::{
+        Action, ExactFilter, FilterRecord, Input, ReconcileSettings, Reconciler,
+    };
+
+    use super::*;
+
+    /// A machine that removed `$share/g/a/#` and then saw its replay: terminal.
+    fn migrated() -> (Reconciler, Vec<Action>) {
+        let shared = ExactFilter::parse_field("filter", "$share/g/a/#").expect("valid");
+        let history = BTreeMap::from([(shared.clone(), FilterRecord::default())]);
+        let settings = ReconcileSettings {
+            unmatched_grace: Duration::from_secs(1),
+        };
+        let mut machine = Reconciler::new(Vec::new(), history, settings).expect("valid");
+        let at = Duration::ZERO;
+        let feed = |machine: &mut Reconciler, input| machine.handle(input, at);
+        feed(
+            &mut machine,
+            Input::Connected {
+                generation: 1,
+                session_present: true,
+            },
+        );
+        let unsuback = Input::UnsubAck {
+            generation: 1,
+            outcomes: vec![(shared, 0)],
+        };
+        feed(&mut machine, unsuback);
+        feed(&mut machine, Input::Disconnected { generation: 1 });
+        feed(
+            &mut machine,
+            Input::Connected {
+                generation: 2,
+                session_present: true,
+            },
+        );
+        let replay = Input::Delivery {
+            id: 1,
+            generation: 2,
+            topic: "a/x".to_owned(),
+            dup: true,
+            subscription_ids: Vec::new(),
+        };
+        let actions = feed(&mut machine, replay);
+        (machine, actions)
+    }
+
+    #[test]
+    fn a_migration_required_session_gives_the_migration_reason() {
+        let (machine, actions) = migrated();
+        assert!(actions.contains(&Action::Level(SessionLevel::MigrationRequired)));
+        let reason = level_reason(SessionLevel::MigrationRequired, &machine).expect("a reason");
+        assert!(reason.contains("$share/g/a/#"), "{reason}");
+        assert_eq!(Some(reason.as_str()), machine.last_failure());
     }
 }
