@@ -220,7 +220,13 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         state.queue().clone(),
         state.metrics().clone(),
     );
-    let collectors: [&dyn ScrapeCollector; 1] = [&store];
+    let sessions = state
+        .session_source()
+        .map(|source| crate::metrics::SessionCollector::new(source.clone()));
+    let mut collectors: Vec<&dyn ScrapeCollector> = vec![&store];
+    if let Some(sessions) = &sessions {
+        collectors.push(sessions);
+    }
     let text = state
         .metrics()
         .render(&collectors, state.scrape_timeout_value())

@@ -117,6 +117,90 @@ impl ScrapeCollector for StoreCollector {
     }
 }
 
+/// The MQTT session runtimes' figures, read from their reports at scrape time (no store
+/// read): the level as a state set, readiness, and the ingest counters. Labelled by the
+/// configured session name, a handful per process.
+pub struct SessionCollector {
+    source: crate::sessions::SharedSessionSource,
+}
+
+impl SessionCollector {
+    /// A collector over this process's session runtimes.
+    pub fn new(source: crate::sessions::SharedSessionSource) -> Self {
+        Self { source }
+    }
+}
+
+/// The levels a session reports, in order (the state set's `level` label values).
+pub const SESSION_LEVELS: [&str; 5] = [
+    "starting",
+    "connected",
+    "subscribed",
+    "full",
+    "migration_required",
+];
+
+impl ScrapeCollector for SessionCollector {
+    fn collect(&self, _timeout: Duration) -> CollectFuture<'_> {
+        let sessions = self.source.sessions();
+        Box::pin(async move { session_families(&sessions) })
+    }
+}
+
+fn session_families(sessions: &[crate::sessions::LiveSession]) -> Vec<MetricFamily> {
+    let sheet = Sheet(Registry::new());
+    let level = sheet.gauges(
+        "wharf_mqtt_session_level",
+        "The session's readiness level as a state set: 1 for the level it is at, 0 for the others.",
+        &["session", "level"],
+    );
+    let ready = sheet.gauges(
+        "wharf_mqtt_session_ready",
+        "1 while the session is at full (history equals desired, every filter granted).",
+        &["session"],
+    );
+    let pending = sheet.gauges(
+        "wharf_mqtt_session_pending_stale_filters",
+        "History filters not desired, awaiting removal.",
+        &["session"],
+    );
+    let held = sheet.gauges(
+        "wharf_mqtt_session_held_deliveries",
+        "Deliveries held unacked (coverage protection, replays after a removal) since start.",
+        &["session"],
+    );
+    let ingested = sheet.counters(
+        "wharf_mqtt_session_ingested_total",
+        "Messages handled and acked to the broker after the handler (the log append) succeeded.",
+        &["session"],
+    );
+    let dropped = sheet.counters(
+        "wharf_mqtt_session_dropped_unmatched_total",
+        "Deliveries that matched no filter, acked and dropped after mqtt.unmatched_grace.",
+        &["session"],
+    );
+    for s in sessions {
+        let name = s.name.as_str();
+        for l in SESSION_LEVELS {
+            level
+                .with_label_values(&[name, l])
+                .set(if s.level == l { 1.0 } else { 0.0 });
+        }
+        ready
+            .with_label_values(&[name])
+            .set(f64::from(u8::from(s.ready)));
+        pending
+            .with_label_values(&[name])
+            .set(s.pending_stale.len() as f64);
+        held.with_label_values(&[name]).set(s.held as f64);
+        ingested.with_label_values(&[name]).inc_by(s.ingested);
+        dropped
+            .with_label_values(&[name])
+            .inc_by(s.dropped_unmatched);
+    }
+    sheet.0.gather()
+}
+
 /// A per-scrape registry: the families of one reading.
 struct Sheet(Registry);
 

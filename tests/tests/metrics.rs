@@ -96,7 +96,15 @@ impl App {
 /// counters, help on every family, and labels only from a short declared list (never a
 /// message, a subject, a position or a declarer instance).
 fn check_conventions(scrape: &Scrape) {
-    const LABELS: [&str; 5] = ["group", "topic", "projector", "operation", "task"];
+    const LABELS: [&str; 7] = [
+        "group",
+        "topic",
+        "projector",
+        "operation",
+        "task",
+        "session",
+        "level",
+    ];
     for (name, family) in &scrape.families {
         assert!(name.starts_with("wharf_"), "{name}: no wharf_ prefix");
         assert_eq!(
@@ -412,5 +420,78 @@ async fn an_unreachable_store_is_store_up_0_and_the_counters_are_still_served() 
     }
     assert_eq!(app.get_status("/healthz").await, 200);
     assert_eq!(app.get_status("/readyz").await, 503);
+    app.shut_down().await;
+}
+
+/// The MQTT sessions' figures come from their runtimes' reports: the level as a state set (one
+/// series per level, exactly one at 1), readiness, pending removals and the ingest counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_scraped_as_a_state_set_and_counters() {
+    let ts = TestStore::new(Backend::Sqlite).await;
+    let report = |name: &str, level: &str, ingested: u64| wharf_api::LiveSession {
+        name: name.into(),
+        session_id: format!("ms-{name}"),
+        identity: "mqtt://127.0.0.1:1883".into(),
+        level: level.into(),
+        ready: level == "full",
+        reason: None,
+        generation: Some(1),
+        pending_stale: vec!["old/#".into()],
+        last_reconcile: None,
+        ingested,
+        held: 2,
+        dropped_unmatched: 1,
+    };
+    let state = ApiState::new(ts.wharf().read_model().clone())
+        .with_sessions(move || vec![report("plant", "full", 42), report("yard", "subscribed", 0)]);
+    let app = App::start(state).await;
+    let scrape = app.scrape().await;
+    assert_eq!(scrape.kind("wharf_mqtt_session_level"), Some("gauge"));
+    for (session, at) in [("plant", "full"), ("yard", "subscribed")] {
+        for level in [
+            "starting",
+            "connected",
+            "subscribed",
+            "full",
+            "migration_required",
+        ] {
+            let expected = if level == at { 1.0 } else { 0.0 };
+            assert_eq!(
+                scrape.expect(
+                    "wharf_mqtt_session_level",
+                    &[("session", session), ("level", level)]
+                ),
+                expected,
+                "{session} {level}"
+            );
+        }
+    }
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_ready", &[("session", "plant")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_ready", &[("session", "yard")]),
+        0.0
+    );
+    assert_eq!(
+        scrape.kind("wharf_mqtt_session_ingested_total"),
+        Some("counter")
+    );
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_ingested_total", &[("session", "plant")]),
+        42.0
+    );
+    assert_eq!(
+        scrape.expect(
+            "wharf_mqtt_session_pending_stale_filters",
+            &[("session", "yard")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_held_deliveries", &[("session", "yard")]),
+        2.0
+    );
     app.shut_down().await;
 }
