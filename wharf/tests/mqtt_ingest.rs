@@ -531,3 +531,24 @@ async fn sigkill_during_a_large_reconcile_converges(backend: Backend) {
 }
 
 on_both_backends!(sigkill_during_a_large_reconcile_converges);
+
+/// The README's example bridge configuration stays valid: one persistent session `bridge`,
+/// unseeded until someone seeds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_bridge_config_is_valid() {
+    let store = TestStore::migrated(Backend::Sqlite).await.unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/mqtt-bridge.toml");
+    let run = store
+        .run(&["--config", example, "sessions", "list", "--json"])
+        .await;
+    let listed: Value = serde_json::from_str(run.success()).unwrap();
+    assert_eq!(listed[0]["name"], "bridge", "{listed}");
+    assert!(listed[0]["history"].is_null(), "{listed}");
+    assert!(
+        listed[0]["identity"]
+            .as_str()
+            .unwrap()
+            .contains("mqtt://127.0.0.1:1883 client=wharf-bridge-example mode=persistent"),
+        "{listed}"
+    );
+}
