@@ -69,12 +69,16 @@ fn client_id(what: &str) -> String {
 }
 
 /// `wharf serve` on the store's `wharf.toml`; returns it with its listen address.
+///
+/// The instance TTL is the default's (30s): every ledger call of a session runtime has a
+/// deadline of a third of it, and one call writes every filter of a reconcile at once, so the
+/// harness's 5s TTL (a 1.67s deadline) made the 2,000-filter reconcile on Postgres time out on
+/// the SUBACK record, retry, and time out again whenever the machine was busy (see
+/// ROADMAP.md: the write is not chunked).
 async fn serve(store: &TestStore) -> (Running, SocketAddr) {
-    let mut serve = Running::start(
-        "serve",
-        store.command(),
-        &["--config", "wharf.toml", "serve"],
-    );
+    let mut command = store.command();
+    command.env("WHARF_DECLARATIONS__INSTANCE_TTL", "30s");
+    let mut serve = Running::start("serve", command, &["--config", "wharf.toml", "serve"]);
     let address = serve.serving_address().await;
     (serve, address)
 }
