@@ -76,8 +76,13 @@ fn client_id(what: &str) -> String {
 /// the SUBACK record, retry, and time out again whenever the machine was busy (see
 /// ROADMAP.md: the write is not chunked).
 async fn serve(store: &TestStore) -> (Running, SocketAddr) {
+    serve_with_ttl(store, "30s").await
+}
+
+/// `serve` with `declarations.instance_ttl` = `ttl` (its ledger calls get a third of it).
+async fn serve_with_ttl(store: &TestStore, ttl: &str) -> (Running, SocketAddr) {
     let mut command = store.command();
-    command.env("WHARF_DECLARATIONS__INSTANCE_TTL", "30s");
+    command.env("WHARF_DECLARATIONS__INSTANCE_TTL", ttl);
     let mut serve = Running::start("serve", command, &["--config", "wharf.toml", "serve"]);
     let address = serve.serving_address().await;
     (serve, address)
@@ -556,3 +561,29 @@ async fn the_example_bridge_config_is_valid() {
         "{listed}"
     );
 }
+
+/// A reconcile whose ledger writes, taken whole, outlast the store deadline still converges:
+/// 3,000 filters under a 300ms deadline per ledger call (instance TTL 900ms).
+async fn a_large_reconcile_converges_under_a_short_store_deadline(backend: Backend) {
+    let Some(store) = TestStore::migrated(backend).await else {
+        return;
+    };
+    let broker = Broker::start();
+    let filters: Vec<String> = (0..3000).map(|i| format!("fleet/{i}/+/state")).collect();
+    write_config(
+        &store,
+        &config_toml(&broker, &client_id("deadline"), &filters, "300ms"),
+    );
+    seed(&store, "plant").await;
+    let (mut serve, address) = serve_with_ttl(&store, "900ms").await;
+    wait_full(address).await;
+    let history = recorded_history(&store).await.unwrap();
+    assert_eq!(history.len(), filters.len());
+    assert!(
+        history.iter().all(|(_, state)| state == "granted"),
+        "{history:?}"
+    );
+    assert_eq!(serve.terminate().await, Some(0), "{}", serve.transcript());
+}
+
+on_both_backends!(a_large_reconcile_converges_under_a_short_store_deadline);
