@@ -68,15 +68,10 @@ fn client_id(what: &str) -> String {
     format!("wharf-{what}-{:08x}", rand::random::<u32>())
 }
 
-/// `wharf serve` on the store's `wharf.toml`; returns it with its listen address.
-///
-/// The instance TTL is the default's (30s): every ledger call of a session runtime has a
-/// deadline of a third of it, and one call writes every filter of a reconcile at once, so the
-/// harness's 5s TTL (a 1.67s deadline) made the 2,000-filter reconcile on Postgres time out on
-/// the SUBACK record, retry, and time out again whenever the machine was busy (see
-/// ROADMAP.md: the write is not chunked).
+/// `wharf serve` on the store's `wharf.toml` (the harness's 5s instance TTL: ledger calls get
+/// 1.67s per 500 filters); returns it with its listen address.
 async fn serve(store: &TestStore) -> (Running, SocketAddr) {
-    serve_with_ttl(store, "30s").await
+    serve_with_ttl(store, "5s").await
 }
 
 /// `serve` with `declarations.instance_ttl` = `ttl` (its ledger calls get a third of it).
