@@ -10,7 +10,7 @@
 //! runtime's `ingested` count, which moves after the commit and the acks). mosquitto_sub runs
 //! before and after; the mean is the baseline.
 //!
-//! Run: `cargo bench -p wharf-tests --bench mqtt_ingest` (`WHARF_BENCH_N` changes the 20,000).
+//! Run: `cargo bench -p wharf-tests --bench mqtt_ingest` (`WHARF_BENCH_N` changes the 60,000).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -33,7 +33,7 @@ fn count() -> usize {
     std::env::var("WHARF_BENCH_N")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(20_000)
+        .unwrap_or(60_000)
 }
 
 fn unique(what: &str) -> String {

@@ -7,7 +7,8 @@
 //! per filter (each with its own subscription identifier), then records the 10,000 SUBACK
 //! outcomes. Each part is also timed on its own: the Remember and the SUBACK record on a fresh
 //! identity of the same store, one-per-filter SUBSCRIBEs with identifiers on the wharf-mqtt
-//! driver, and the driver's batched form (100 per SUBSCRIBE) for comparison.
+//! driver, the driver's batched form (100 per SUBSCRIBE) for comparison, and the runtime on an
+//! ephemeral session (no ledger writes).
 //!
 //! Run: `cargo bench -p wharf-tests --bench mqtt_reconcile` (`WHARF_BENCH_N` changes the 10,000).
 
@@ -52,8 +53,14 @@ fn unique(what: &str) -> String {
     )
 }
 
-/// The runtime, from `start_sessions` to Full, on a persistent session seeded empty.
-async fn runtime(test: &TestStore, broker: &Broker, filters: &[String]) -> Duration {
+/// The runtime, from `start_sessions` to Full, on a persistent session seeded empty (or an
+/// ephemeral one, which keeps no ledger: the reconcile without its two writes).
+async fn runtime(
+    test: &TestStore,
+    broker: &Broker,
+    filters: &[String],
+    mode: SessionMode,
+) -> Duration {
     let mut config = test.config();
     // The production deadline of each ledger call (a third of the 30s instance TTL): the
     // harness's 400ms TTL would give the 10,000-filter writes 133ms.
@@ -64,9 +71,9 @@ async fn runtime(test: &TestStore, broker: &Broker, filters: &[String]) -> Durat
         brokers: vec![broker.url()],
         client_id: unique("bench-runtime"),
         client_id_suffix: Default::default(),
-        mode: SessionMode::Persistent,
+        mode,
         clean_start: None,
-        session_expiry: Some(Duration::from_secs(10)),
+        session_expiry: (mode == SessionMode::Persistent).then_some(Duration::from_secs(10)),
         keep_alive: Duration::from_secs(30),
         username: None,
         password: None,
@@ -86,7 +93,9 @@ async fn runtime(test: &TestStore, broker: &Broker, filters: &[String]) -> Durat
         .identity
         .id()
         .to_owned();
-    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    if mode == SessionMode::Persistent {
+        wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    }
     let started = Instant::now();
     let runtimes = wharf.start_sessions(&config).expect("start");
     let mut watch = runtimes[0].watch();
@@ -229,12 +238,13 @@ async fn bench(backend: Backend, broker: &Broker, n: usize) {
     let run = format!("{:08x}", rand::random::<u32>());
     let filters = filters(&run, n);
     let before = rumqttc(broker, &filters).await;
-    let ours = runtime(&test, broker, &filters).await;
+    let ours = runtime(&test, broker, &filters, SessionMode::Persistent).await;
     let after = rumqttc(broker, &filters).await;
     let theirs = (before + after) / 2;
     let (remember, record) = ledger_parts(&test, &filters).await;
     let each = driver(broker, &filters, None).await;
     let batched = driver(broker, &filters, Some(100)).await;
+    let ephemeral = runtime(&test, broker, &filters, SessionMode::Ephemeral).await;
     println!(
         "{backend:?}: reconcile {n} filters, runtime start->Full {:.0} ms; bare rumqttc {:.0} ms \
          (mean of {:.0} and {:.0}); ratio runtime/rumqttc {:.2} (goal <= 2.00)",
@@ -247,12 +257,13 @@ async fn bench(backend: Backend, broker: &Broker, n: usize) {
     println!(
         "{backend:?}:   parts alone: Remember {n} {:.0} ms; one SUBSCRIBE per filter with ids \
          (driver) {:.0} ms; record {n} SUBACK outcomes {:.0} ms; sum {:.0} ms (batched 100 per \
-         SUBSCRIBE, no ids: {:.0} ms)",
+         SUBSCRIBE, no ids: {:.0} ms); the runtime on an ephemeral session (no ledger) {:.0} ms",
         ms(remember),
         ms(each),
         ms(record),
         ms(remember + each + record),
-        ms(batched)
+        ms(batched),
+        ms(ephemeral)
     );
 }
 
