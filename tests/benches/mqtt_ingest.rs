@@ -16,9 +16,14 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::{SessionLevel, SessionMode};
-use wharf::sessions::SessionRuntime;
+
+use async_trait::async_trait;
+use wharf::sessions::{LogIngest, MqttHandler, MqttMessage, SessionRuntime};
+use wharf::HandlerError;
 use wharf::Wharf;
 use wharf_tests::{Backend, TestStore};
 
@@ -93,6 +98,12 @@ fn config(test: &TestStore, broker: &Broker) -> wharf::Config {
     let mut config = test.config();
     // The production deadline of each ledger call (a third of the 30s instance TTL).
     config.declarations = Default::default();
+    if let Some(batch) = std::env::var("WHARF_BENCH_INGEST_BATCH")
+        .ok()
+        .and_then(|b| b.parse().ok())
+    {
+        config.mqtt.ingest_batch = batch;
+    }
     config.mqtt.sessions.insert(
         "ingest".to_owned(),
         SessionConfig {
@@ -130,8 +141,22 @@ async fn wait(
     );
 }
 
-/// The session runtime ingesting `n` queued messages into the log.
-async fn wharf_ingest(test: &TestStore, broker: &Broker, n: usize) -> Duration {
+/// `LogIngest`, counting the batches it commits.
+struct Counted {
+    inner: LogIngest,
+    batches: AtomicU64,
+}
+
+#[async_trait]
+impl MqttHandler for Counted {
+    async fn handle(&self, batch: &[MqttMessage]) -> Result<(), HandlerError> {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.inner.handle(batch).await
+    }
+}
+
+/// The session runtime ingesting `n` queued messages into the log; also the batches committed.
+async fn wharf_ingest(test: &TestStore, broker: &Broker, n: usize) -> (Duration, u64) {
     let config = config(test, broker);
     let wharf = Wharf::with_store(test.store.clone(), &config);
     let id = config.mqtt.resolve().expect("valid")[0]
@@ -146,8 +171,14 @@ async fn wharf_ingest(test: &TestStore, broker: &Broker, n: usize) -> Duration {
         runtime.shutdown().await;
     }
     load(broker, n);
+    let handler = Arc::new(Counted {
+        inner: LogIngest::new(wharf.queue().clone()),
+        batches: AtomicU64::new(0),
+    });
     let started = Instant::now();
-    let runtimes = wharf.start_sessions(&config).expect("start");
+    let runtimes = wharf
+        .start_sessions_with(&config, handler.clone())
+        .expect("start");
     let n64 = n as u64;
     wait(&runtimes[0], "every message ingested", |s| {
         s.ingested >= n64
@@ -163,7 +194,7 @@ async fn wharf_ingest(test: &TestStore, broker: &Broker, n: usize) -> Duration {
         .find(|t| t.topic == "load")
         .map_or(0, |t| t.size);
     assert!(size >= n as i64, "the log holds {size} of {n}");
-    elapsed
+    (elapsed, handler.batches.load(Ordering::Relaxed))
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -173,18 +204,19 @@ fn rate(n: usize, d: Duration) -> f64 {
 async fn bench(backend: Backend, broker: &Broker, n: usize) {
     let test = TestStore::new(backend).await;
     let before = mosquitto_sub(broker, n);
-    let ours = wharf_ingest(&test, broker, n).await;
+    let (ours, batches) = wharf_ingest(&test, broker, n).await;
     let after = mosquitto_sub(broker, n);
     let baseline = (rate(n, before) + rate(n, after)) / 2.0;
     let ingest = rate(n, ours);
     println!(
         "{backend:?}: ingest {n} QoS 1 messages: wharf {ingest:.0} msg/s ({:.0} ms); \
          mosquitto_sub -q 1 > /dev/null {baseline:.0} msg/s (mean of {:.0} and {:.0}); \
-         ratio {:.2} (goal >= 0.50)",
+         ratio {:.2} (goal >= 0.50); {batches} commits, {:.1} messages each",
         ours.as_secs_f64() * 1e3,
         rate(n, before),
         rate(n, after),
-        ingest / baseline
+        ingest / baseline,
+        n as f64 / batches.max(1) as f64
     );
 }
 
