@@ -256,23 +256,31 @@ impl Reader {
     async fn drain(&mut self) -> usize {
         let mut total = 0;
         loop {
-            let claimed = self
-                .wharf
-                .queue()
-                .fetch(&self.group, "reader/1", 500)
-                .await
-                .unwrap();
-            if claimed.is_empty() {
+            let read = self.read_batch().await;
+            if read == 0 {
                 return total;
             }
-            total += claimed.len();
-            for message in &claimed {
-                assert_eq!(message.subject, SUBJECT);
-                let payload = String::from_utf8(message.payload.to_vec()).unwrap();
-                *self.seen.entry(payload).or_default() += 1;
-            }
+            total += read;
+        }
+    }
+
+    /// Claims and acks one batch; returns how many.
+    async fn read_batch(&mut self) -> usize {
+        let claimed = self
+            .wharf
+            .queue()
+            .fetch(&self.group, "reader/1", 500)
+            .await
+            .unwrap();
+        for message in &claimed {
+            assert_eq!(message.subject, SUBJECT);
+            let payload = String::from_utf8(message.payload.to_vec()).unwrap();
+            *self.seen.entry(payload).or_default() += 1;
+        }
+        if !claimed.is_empty() {
             self.wharf.queue().ack_many(&claimed).await.unwrap();
         }
+        claimed.len()
     }
 
     /// Drains until at least `distinct` different payloads were read.
@@ -288,6 +296,38 @@ impl Reader {
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+        }
+    }
+
+    /// Drains until the publisher has had `published` messages acknowledged and the log holds
+    /// more than `read` distinct ones (ingest is running), while the stream is still going.
+    async fn mid_stream(
+        &mut self,
+        acked: &AtomicUsize,
+        published: usize,
+        read: usize,
+        n: usize,
+        serve: &Running,
+    ) -> usize {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            self.read_batch().await;
+            let now = acked.load(Ordering::SeqCst);
+            if now >= published && self.seen.len() > read {
+                assert!(
+                    now < n,
+                    "the stream ended before the disruption; slow it down\n{}",
+                    serve.transcript()
+                );
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{now} published, {} read: not mid-stream within {DEADLINE:?}\n{}",
+                self.seen.len(),
+                serve.transcript()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -330,8 +370,7 @@ async fn broker_restart_mid_stream_loses_nothing(backend: Backend) {
     const N: usize = 1500;
     let acked = Arc::new(AtomicUsize::new(0));
     let publisher = stream(broker.port, N, Duration::from_millis(2), acked.clone());
-    reader.until_distinct(N / 3, &serve).await;
-    let at_restart = acked.load(Ordering::SeqCst);
+    let at_restart = reader.mid_stream(&acked, N / 3, 0, N, &serve).await;
     broker.restart();
     // The session comes back from the broker's persistence, with what queued meanwhile.
     publisher.await.unwrap();
@@ -372,10 +411,10 @@ async fn sigkill_of_serve_mid_stream_loses_nothing(backend: Backend) {
     let mut kills = Vec::new();
     for part in [4, 2] {
         // Kill it while it ingests: the stream is running and the log is growing.
-        reader.until_distinct(N / part, &serve).await;
         let before = reader.seen.len();
+        let at_kill = reader.mid_stream(&acked, N / part, before, N, &serve).await;
         serve.kill().await;
-        kills.push((acked.load(Ordering::SeqCst), before));
+        kills.push((at_kill, reader.seen.len()));
         let (next, address) = self::serve(&store).await;
         serve = next;
         wait_full(address).await;
