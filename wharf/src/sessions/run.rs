@@ -373,17 +373,21 @@ impl<'a> Run<'a> {
         });
     }
 
+    /// One ledger write about `filters` filters, under the store deadline per
+    /// [`FILTERS_PER_DEADLINE`] of them: a write grows with the reconcile, and a deadline that
+    /// did not would fail the same large write on every retry, so the session never converged.
     async fn ledger_call<T>(
         &self,
         what: &str,
+        filters: usize,
         call: impl std::future::Future<Output = Result<T, crate::WharfError>>,
     ) -> Result<T, Outcome> {
-        match tokio::time::timeout(self.settings.store_deadline, call).await {
+        let deadline = write_deadline(self.settings.store_deadline, filters);
+        match tokio::time::timeout(deadline, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(self.retry(format!("the ledger refused {what}: {e}"))),
             Err(_) => Err(self.retry(format!(
-                "the store did not answer {what} within {:?}",
-                self.settings.store_deadline
+                "the store did not answer {what} ({filters} filter(s)) within {deadline:?}"
             ))),
         }
     }
@@ -392,7 +396,7 @@ impl<'a> Run<'a> {
         if self.session.is_durable() {
             let id = self.session.identity.id();
             if let Err(outcome) = self
-                .ledger_call("Remember", self.ledger.remember(id, filters))
+                .ledger_call("Remember", filters.len(), self.ledger.remember(id, filters))
                 .await
             {
                 return Step::End(outcome);
@@ -446,6 +450,7 @@ impl<'a> Run<'a> {
             if let Err(outcome) = self
                 .ledger_call(
                     "the SUBACK outcomes",
+                    recorded.len(),
                     self.ledger.record_suback(id, recorded),
                 )
                 .await
@@ -485,7 +490,7 @@ impl<'a> Run<'a> {
         if self.session.is_durable() {
             let id = self.session.identity.id();
             if let Err(outcome) = self
-                .ledger_call("Forget", self.ledger.forget(id, filters))
+                .ledger_call("Forget", filters.len(), self.ledger.forget(id, filters))
                 .await
             {
                 return Step::End(outcome);
@@ -518,6 +523,7 @@ impl<'a> Run<'a> {
         let written = self
             .ledger_call(
                 "MigrationRequired",
+                filters.len(),
                 self.ledger.require_migration(id, reason.clone(), filters),
             )
             .await;
@@ -577,6 +583,16 @@ impl<'a> Run<'a> {
     }
 }
 
+/// How many filters one ledger write may carry per store deadline.
+const FILTERS_PER_DEADLINE: usize = 500;
+
+/// The deadline of a ledger write about `filters` filters: `base` per started
+/// [`FILTERS_PER_DEADLINE`].
+fn write_deadline(base: std::time::Duration, filters: usize) -> std::time::Duration {
+    let units = filters.div_ceil(FILTERS_PER_DEADLINE).max(1);
+    base.saturating_mul(u32::try_from(units).unwrap_or(u32::MAX))
+}
+
 fn pending_strings(machine: &Reconciler) -> Vec<String> {
     machine
         .pending_stale()
@@ -611,5 +627,21 @@ fn to_outcome(reason: SubscribeReason) -> SubscribeOutcome {
         None => SubscribeOutcome::Refused {
             reason_code: reason.code(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::write_deadline;
+
+    #[test]
+    fn a_write_gets_the_deadline_per_started_500_filters() {
+        let base = Duration::from_millis(300);
+        assert_eq!(write_deadline(base, 0), base);
+        assert_eq!(write_deadline(base, 500), base);
+        assert_eq!(write_deadline(base, 501), base * 2);
+        assert_eq!(write_deadline(base, 3000), base * 6);
     }
 }

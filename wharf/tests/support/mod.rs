@@ -8,6 +8,8 @@
 
 #![allow(clippy::unwrap_used, dead_code)]
 
+pub mod broker;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -372,6 +374,26 @@ impl Running {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Sends SIGKILL and waits for the exit: no shutdown path runs.
+    pub async fn kill(&mut self) {
+        self.child.start_kill().unwrap();
+        tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .expect("a killed child exits")
+            .unwrap();
+    }
+
+    /// The `listen=ADDRESS` of `serve`'s "wharf serving" line (waited for).
+    pub async fn serving_address(&mut self) -> std::net::SocketAddr {
+        let line = self.expect_err("wharf serving").await;
+        let start = line.find("listen=").expect("a listen= field") + "listen=".len();
+        line[start..]
+            .split_whitespace()
+            .next()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line}"))
     }
 
     /// Sends SIGTERM and waits for the exit; returns the exit code (the rest of the output
