@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use wharf::config::{SessionConfig, SubscriptionConfig};
-use wharf::domain::session::{SessionLevel, SessionMode};
+use wharf::domain::session::SessionLevel;
 
 use async_trait::async_trait;
 use wharf::sessions::{LogIngest, MqttHandler, MqttMessage, SessionRuntime};
@@ -107,21 +107,13 @@ fn config(test: &TestStore, broker: &Broker) -> wharf::Config {
     config.mqtt.sessions.insert(
         "ingest".to_owned(),
         SessionConfig {
-            brokers: vec![broker.url()],
-            client_id: unique("bench-wharf"),
-            client_id_suffix: Default::default(),
-            mode: SessionMode::Persistent,
-            clean_start: None,
             session_expiry: Some(Duration::from_secs(60)),
-            keep_alive: Duration::from_secs(30),
-            username: None,
-            password: None,
-            password_env: None,
             subscriptions: vec![SubscriptionConfig {
                 filter: FILTER.to_owned(),
                 qos: 1,
                 topic: "load".to_owned(),
             }],
+            ..SessionConfig::new(&broker.url(), &unique("bench-wharf"))
         },
     );
     config

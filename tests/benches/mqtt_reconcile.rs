@@ -68,16 +68,8 @@ async fn runtime(
     config.mqtt.connect_timeout = Duration::from_secs(10);
     config.mqtt.subscribe_timeout = Duration::from_secs(60);
     let session = SessionConfig {
-        brokers: vec![broker.url()],
-        client_id: unique("bench-runtime"),
-        client_id_suffix: Default::default(),
         mode,
-        clean_start: None,
         session_expiry: (mode == SessionMode::Persistent).then_some(Duration::from_secs(10)),
-        keep_alive: Duration::from_secs(30),
-        username: None,
-        password: None,
-        password_env: None,
         subscriptions: filters
             .iter()
             .map(|f| SubscriptionConfig {
@@ -86,6 +78,7 @@ async fn runtime(
                 topic: "bench".to_owned(),
             })
             .collect(),
+        ..SessionConfig::new(&broker.url(), &unique("bench-runtime"))
     };
     config.mqtt.sessions.insert("bench".to_owned(), session);
     let wharf = Wharf::with_store(test.store.clone(), &config);
