@@ -5,8 +5,8 @@ use cqrs_es::test::TestFramework;
 use cqrs_es::{Aggregate, DomainEvent};
 use serde_json::json;
 use wharf_domain::session::{
-    ExactFilter, ManagedFilterEvent, ManagedSession, ManagedSessionCommand, ManagedSessionError,
-    Qos, SubscribeOutcome,
+    ExactFilter, ForgottenFilter, ManagedFilterEvent, ManagedSession, ManagedSessionCommand,
+    ManagedSessionError, Qos, RememberedFilter, SubAckEntry, SubscribeOutcome,
 };
 
 fn f(text: &str) -> ExactFilter {
@@ -24,17 +24,50 @@ fn seeded(texts: &[&str]) -> ManagedFilterEvent {
     }
 }
 
+/// One `FiltersRemembered` of the given filters, in the order given.
+fn remembered_all(entries: &[(&str, Qos)]) -> ManagedFilterEvent {
+    ManagedFilterEvent::FiltersRemembered {
+        filters: entries
+            .iter()
+            .map(|(t, qos)| RememberedFilter {
+                filter: f(t),
+                qos: *qos,
+            })
+            .collect(),
+    }
+}
+
 fn remembered(text: &str, qos: Qos) -> ManagedFilterEvent {
-    ManagedFilterEvent::FilterRemembered {
-        filter: f(text),
-        qos,
+    remembered_all(&[(text, qos)])
+}
+
+/// One `FiltersForgotten` of the given filters, in the order given.
+fn forgotten_all(entries: &[(&str, u8)]) -> ManagedFilterEvent {
+    ManagedFilterEvent::FiltersForgotten {
+        filters: entries
+            .iter()
+            .map(|(t, reason_code)| ForgottenFilter {
+                filter: f(t),
+                reason_code: *reason_code,
+            })
+            .collect(),
     }
 }
 
 fn forgotten(text: &str, reason_code: u8) -> ManagedFilterEvent {
-    ManagedFilterEvent::FilterForgotten {
-        filter: f(text),
-        reason_code,
+    forgotten_all(&[(text, reason_code)])
+}
+
+fn acked(entries: &[(&str, Qos, SubscribeOutcome)]) -> ManagedFilterEvent {
+    ManagedFilterEvent::SubscribesAcknowledged {
+        outcomes: entries
+            .iter()
+            .map(|(t, requested, outcome)| SubAckEntry {
+                filter: f(t),
+                requested: *requested,
+                outcome: *outcome,
+            })
+            .collect(),
     }
 }
 
@@ -149,7 +182,7 @@ fn remember_records_new_filters_and_qos_changes_only() {
             ("b", Q0),
             ("seeded/#", Q2),
         ]))
-        .then_expect_events(vec![remembered("b", Q0), remembered("seeded/#", Q2)]);
+        .then_expect_events(vec![remembered_all(&[("b", Q0), ("seeded/#", Q2)])]);
     given(vec![seeded(&[]), remembered("a", Q1)])
         .when(remember(&[("a", Q2)]))
         .then_expect_events(vec![remembered("a", Q2)]);
@@ -188,18 +221,7 @@ fn suback_outcomes_are_recorded_per_filter_and_kept_in_history() {
         outcomes: vec![(f("a"), Q1, granted), (f("b"), Q1, refused)],
     };
     let history = vec![seeded(&[]), remembered("a", Q1), remembered("b", Q1)];
-    let expected = vec![
-        ManagedFilterEvent::SubscribeAcknowledged {
-            filter: f("a"),
-            requested: Q1,
-            outcome: granted,
-        },
-        ManagedFilterEvent::SubscribeAcknowledged {
-            filter: f("b"),
-            requested: Q1,
-            outcome: refused,
-        },
-    ];
+    let expected = vec![acked(&[("a", Q1, granted), ("b", Q1, refused)])];
     given(history.clone())
         .when(cmd)
         .then_expect_events(expected.clone());
@@ -238,14 +260,14 @@ fn forget_removes_filters_on_0x00_and_0x11() {
             ("$share/g/old/#", 0x11),
             ("old/#", 0x00),
         ]))
-        .then_expect_events(vec![
-            forgotten("old/#", 0x00),
-            forgotten("$share/g/old/#", 0x11),
-        ]);
+        .then_expect_events(vec![forgotten_all(&[
+            ("old/#", 0x00),
+            ("$share/g/old/#", 0x11),
+        ])]);
     let state = ManagedSession::fold(
         history
             .iter()
-            .chain(&[forgotten("old/#", 0x00), forgotten("$share/g/old/#", 0x11)]),
+            .chain(&[forgotten_all(&[("old/#", 0x00), ("$share/g/old/#", 0x11)])]),
     );
     assert_eq!(state.history_filters(), filters(&["keep"]));
 }
@@ -325,32 +347,25 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
             json!({"filters": ["b"], "source": "init"}),
         ),
         (
-            remembered("$share/g/x", Q1),
-            "FilterRemembered",
-            json!({"filter": "$share/g/x", "qos": 1}),
+            remembered_all(&[("$share/g/x", Q1), ("y", Q2)]),
+            "FiltersRemembered",
+            json!({"filters": [{"filter": "$share/g/x", "qos": 1}, {"filter": "y", "qos": 2}]}),
         ),
         (
-            ManagedFilterEvent::SubscribeAcknowledged {
-                filter: f("x"),
-                requested: Q2,
-                outcome: SubscribeOutcome::Granted { qos: Q1 },
-            },
-            "SubscribeAcknowledged",
-            json!({"filter": "x", "requested": 2, "outcome": {"granted": {"qos": 1}}}),
+            acked(&[
+                ("x", Q2, SubscribeOutcome::Granted { qos: Q1 }),
+                ("y", Q1, SubscribeOutcome::Refused { reason_code: 135 }),
+            ]),
+            "SubscribesAcknowledged",
+            json!({"outcomes": [
+                {"filter": "x", "requested": 2, "outcome": {"granted": {"qos": 1}}},
+                {"filter": "y", "requested": 1, "outcome": {"refused": {"reason_code": 135}}},
+            ]}),
         ),
         (
-            ManagedFilterEvent::SubscribeAcknowledged {
-                filter: f("x"),
-                requested: Q1,
-                outcome: SubscribeOutcome::Refused { reason_code: 135 },
-            },
-            "SubscribeAcknowledged",
-            json!({"filter": "x", "requested": 1, "outcome": {"refused": {"reason_code": 135}}}),
-        ),
-        (
-            forgotten("x", 17),
-            "FilterForgotten",
-            json!({"filter": "x", "reason_code": 17}),
+            forgotten_all(&[("x", 17), ("z", 0)]),
+            "FiltersForgotten",
+            json!({"filters": [{"filter": "x", "reason_code": 17}, {"filter": "z", "reason_code": 0}]}),
         ),
         (
             migration("why", &["x"]),
@@ -379,10 +394,12 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
 #[test]
 fn decode_refuses_unknown_types_mismatched_bodies_and_invalid_filters() {
     assert!(ManagedFilterEvent::decode("Nope", &json!({})).is_err());
-    let body = json!({"filter": "x", "reason_code": 0});
-    assert!(ManagedFilterEvent::decode("FilterRemembered", &body).is_err());
-    let bad = json!({"filter": "$share//x", "qos": 1});
-    assert!(ManagedFilterEvent::decode("FilterRemembered", &bad).is_err());
+    let body = json!({"filters": [{"filter": "x", "reason_code": 0}]});
+    assert!(ManagedFilterEvent::decode("FiltersRemembered", &body).is_err());
+    let bad = json!({"filters": [{"filter": "$share//x", "qos": 1}]});
+    assert!(ManagedFilterEvent::decode("FiltersRemembered", &bad).is_err());
+    let seed_as_remember = json!({"filters": ["x"], "source": "cli"});
+    assert!(ManagedFilterEvent::decode("FiltersRemembered", &seed_as_remember).is_err());
 }
 
 #[test]
@@ -412,11 +429,7 @@ fn the_state_round_trips_through_json() {
 
 #[test]
 fn acknowledgements_and_forgets_never_make_an_unknown_history_known() {
-    let ack = ManagedFilterEvent::SubscribeAcknowledged {
-        filter: f("a"),
-        requested: Q1,
-        outcome: SubscribeOutcome::Granted { qos: Q1 },
-    };
+    let ack = acked(&[("a", Q1, SubscribeOutcome::Granted { qos: Q1 })]);
     assert!(!ManagedSession::fold(&[ack, forgotten("a", 0)]).is_known());
 }
 

@@ -2,14 +2,15 @@
 //!
 //! `managed_session` has a row once a baseline was seeded (no row: the history is unknown);
 //! `managed_filter` holds every filter that may exist at the broker for it, with the newest
-//! SUBACK outcome. A `FilterForgotten` removes the row. On Postgres the rows ride in the event's
+//! SUBACK outcome. A `FiltersForgotten` removes its rows. On Postgres the rows ride in the event's
 //! insert statement (one round trip per event); a rebuild replays through `apply`.
 
 use async_trait::async_trait;
 use rusqlite::{params, Transaction};
 use sqlx::PgConnection;
 use wharf_domain::session::{
-    ExactFilter, ManagedFilterEvent, Qos, SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
+    ExactFilter, ForgottenFilter, ManagedFilterEvent, Qos, RememberedFilter, SubAckEntry,
+    SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
 };
 use wharf_store::{
     CteStatement, EventRef, PgProjector, RecordedEvent, SqliteProjector, StoreError,
@@ -78,46 +79,53 @@ impl SqliteProjector for ManagedSessions {
             ManagedFilterEvent::BaselineExtended { filters, .. } => {
                 sqlite_seed(tx, session, filters, position)?;
             }
-            ManagedFilterEvent::FilterRemembered { filter, qos } => {
-                tx.prepare_cached(
+            ManagedFilterEvent::FiltersRemembered { filters } => {
+                let mut upsert = tx.prepare_cached(
                     "INSERT INTO managed_filter (session_id, filter, state, requested_qos, \
                      since_position, updated_position) VALUES (?1, ?2, 'remembered', ?3, ?4, ?4) \
                      ON CONFLICT (session_id, filter) DO UPDATE SET state = 'remembered', \
                      requested_qos = excluded.requested_qos, granted_qos = NULL, \
                      reason_code = NULL, updated_position = excluded.updated_position",
-                )?
-                .execute(params![
-                    session,
-                    filter.as_str(),
-                    qos_column(*qos),
-                    position
-                ])?;
+                )?;
+                for RememberedFilter { filter, qos } in filters {
+                    upsert.execute(params![
+                        session,
+                        filter.as_str(),
+                        qos_column(*qos),
+                        position
+                    ])?;
+                }
             }
-            ManagedFilterEvent::SubscribeAcknowledged {
-                filter,
-                requested,
-                outcome,
-            } => {
-                let (state, granted, reason) = acknowledged(*outcome);
-                tx.prepare_cached(
+            ManagedFilterEvent::SubscribesAcknowledged { outcomes } => {
+                let mut update = tx.prepare_cached(
                     "UPDATE managed_filter SET state = ?3, requested_qos = ?4, granted_qos = ?5, \
                      reason_code = ?6, updated_position = ?7 WHERE session_id = ?1 AND filter = ?2",
-                )?
-                .execute(params![
-                    session,
-                    filter.as_str(),
-                    state,
-                    qos_column(*requested),
-                    granted,
-                    reason,
-                    position
-                ])?;
+                )?;
+                for SubAckEntry {
+                    filter,
+                    requested,
+                    outcome,
+                } in outcomes
+                {
+                    let (state, granted, reason) = acknowledged(*outcome);
+                    update.execute(params![
+                        session,
+                        filter.as_str(),
+                        state,
+                        qos_column(*requested),
+                        granted,
+                        reason,
+                        position
+                    ])?;
+                }
             }
-            ManagedFilterEvent::FilterForgotten { filter, .. } => {
-                tx.prepare_cached(
+            ManagedFilterEvent::FiltersForgotten { filters } => {
+                let mut delete = tx.prepare_cached(
                     "DELETE FROM managed_filter WHERE session_id = ?1 AND filter = ?2",
-                )?
-                .execute(params![session, filter.as_str()])?;
+                )?;
+                for ForgottenFilter { filter, .. } in filters {
+                    delete.execute(params![session, filter.as_str()])?;
+                }
             }
             ManagedFilterEvent::MigrationRequired { reason, .. } => {
                 tx.prepare_cached(
@@ -185,51 +193,72 @@ impl ManagedSessions {
             ManagedFilterEvent::BaselineExtended { filters, .. } => {
                 pg_seed(statement, &session, filters, position)?;
             }
-            ManagedFilterEvent::FilterRemembered { filter, qos } => {
-                let (filter, qos) = (
-                    statement.bind(filter.as_str().to_owned())?,
-                    statement.bind(qos_column(*qos))?,
-                );
+            ManagedFilterEvent::FiltersRemembered { filters } => {
+                let names = statement.bind(
+                    filters
+                        .iter()
+                        .map(|r| r.filter.as_str().to_owned())
+                        .collect::<Vec<_>>(),
+                )?;
+                let qos = statement.bind(
+                    filters
+                        .iter()
+                        .map(|r| qos_column(r.qos))
+                        .collect::<Vec<_>>(),
+                )?;
                 statement.cte(
-                    "filter_remembered",
+                    "filters_remembered",
                     &format!(
                         "INSERT INTO managed_filter (session_id, filter, state, requested_qos, \
                          since_position, updated_position) \
-                         VALUES ({session}, {filter}, 'remembered', {qos}, {position}, {position}) \
+                         SELECT {session}, f, 'remembered', q, {position}, {position} \
+                         FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q) \
                          ON CONFLICT (session_id, filter) DO UPDATE SET state = 'remembered', \
                          requested_qos = excluded.requested_qos, granted_qos = NULL, \
                          reason_code = NULL, updated_position = excluded.updated_position"
                     ),
                 );
             }
-            ManagedFilterEvent::SubscribeAcknowledged {
-                filter,
-                requested,
-                outcome,
-            } => {
-                let (state, granted, reason) = acknowledged(*outcome);
-                let filter = statement.bind(filter.as_str().to_owned())?;
-                let state = statement.bind(state)?;
-                let requested = statement.bind(qos_column(*requested))?;
-                let granted = statement.bind(granted)?;
-                let reason = statement.bind(reason)?;
+            ManagedFilterEvent::SubscribesAcknowledged { outcomes } => {
+                let rows: Vec<_> = outcomes
+                    .iter()
+                    .map(|e| {
+                        (
+                            e.filter.as_str().to_owned(),
+                            qos_column(e.requested),
+                            acknowledged(e.outcome),
+                        )
+                    })
+                    .collect();
+                let names = statement.bind(rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>())?;
+                let requested = statement.bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())?;
+                let states =
+                    statement.bind(rows.iter().map(|r| r.2 .0.to_owned()).collect::<Vec<_>>())?;
+                let granted = statement.bind(rows.iter().map(|r| r.2 .1).collect::<Vec<_>>())?;
+                let reasons = statement.bind(rows.iter().map(|r| r.2 .2).collect::<Vec<_>>())?;
                 statement.cte(
-                    "filter_acknowledged",
+                    "filters_acknowledged",
                     &format!(
-                        "UPDATE managed_filter SET state = {state}, requested_qos = {requested}, \
-                         granted_qos = {granted}, reason_code = {reason}, \
-                         updated_position = {position} \
-                         WHERE session_id = {session} AND filter = {filter}"
+                        "UPDATE managed_filter m SET state = t.s, requested_qos = t.r, \
+                         granted_qos = t.g, reason_code = t.c, updated_position = {position} \
+                         FROM unnest({names}::text[], {states}::text[], {requested}::smallint[], \
+                           {granted}::smallint[], {reasons}::smallint[]) AS t(f, s, r, g, c) \
+                         WHERE m.session_id = {session} AND m.filter = t.f"
                     ),
                 );
             }
-            ManagedFilterEvent::FilterForgotten { filter, .. } => {
-                let filter = statement.bind(filter.as_str().to_owned())?;
+            ManagedFilterEvent::FiltersForgotten { filters } => {
+                let names = statement.bind(
+                    filters
+                        .iter()
+                        .map(|r| r.filter.as_str().to_owned())
+                        .collect::<Vec<_>>(),
+                )?;
                 statement.cte(
-                    "filter_forgotten",
+                    "filters_forgotten",
                     &format!(
                         "DELETE FROM managed_filter \
-                         WHERE session_id = {session} AND filter = {filter}"
+                         WHERE session_id = {session} AND filter = ANY({names}::text[])"
                     ),
                 );
             }

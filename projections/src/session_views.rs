@@ -151,8 +151,8 @@ pub struct SessionHistoryEntry {
     pub position: i64,
     /// When the store recorded it (the store's clock).
     pub recorded_at: chrono::DateTime<chrono::Utc>,
-    /// `BaselineSeeded`, `BaselineExtended`, `FilterRemembered`, `SubscribeAcknowledged`,
-    /// `FilterForgotten` or `MigrationRequired`.
+    /// `BaselineSeeded`, `BaselineExtended`, `FiltersRemembered`, `SubscribesAcknowledged`,
+    /// `FiltersForgotten`, `MigrationRequired` or `MigrationResolved`.
     pub event: String,
     /// The event's fields (filters, QoS, SUBACK outcome, UNSUBACK reason, seed source...).
     pub detail: serde_json::Value,

@@ -3,7 +3,7 @@
 //! same 10,000 filters (one per `subscribe` call, counting SUBACKs), on the same private
 //! Mosquitto in the same run; goal: at most 2x.
 //!
-//! The runtime writes 10,000 FilterRemembered events before it subscribes, sends one SUBSCRIBE
+//! The runtime writes one FiltersRemembered event of 10,000 filters before it subscribes, sends one SUBSCRIBE
 //! per filter (each with its own subscription identifier), then records the 10,000 SUBACK
 //! outcomes. Each part is also timed on its own: the Remember and the SUBACK record on a fresh
 //! identity of the same store, one-per-filter SUBSCRIBEs with identifiers on the wharf-mqtt

@@ -21,19 +21,28 @@ use wharf_tests::{on_both_backends, Backend, TestStore};
 
 const GRACE: Duration = Duration::from_millis(400);
 
-/// The `SubscribeAcknowledged` outcomes the ledger recorded for `filter`, in order.
-fn suback_outcomes(events: &[(String, serde_json::Value)], filter: &str) -> Vec<SubscribeOutcome> {
+/// The entries (`key` of each payload) of the ledger's events of type `event_type`, in order.
+fn entries<'a>(
+    events: &'a [(String, serde_json::Value)],
+    event_type: &'a str,
+    key: &'a str,
+) -> impl Iterator<Item = &'a serde_json::Value> + 'a {
     events
         .iter()
-        .filter(|(t, p)| t == "SubscribeAcknowledged" && p["filter"] == filter)
-        .map(|(_, p)| serde_json::from_value(p["outcome"].clone()).expect("an outcome"))
+        .filter(move |(t, _)| t == event_type)
+        .flat_map(move |(_, p)| p[key].as_array().into_iter().flatten())
+}
+
+/// The SUBACK outcomes the ledger recorded for `filter`, in order.
+fn suback_outcomes(events: &[(String, serde_json::Value)], filter: &str) -> Vec<SubscribeOutcome> {
+    entries(events, "SubscribesAcknowledged", "outcomes")
+        .filter(|e| e["filter"] == filter)
+        .map(|e| serde_json::from_value(e["outcome"].clone()).expect("an outcome"))
         .collect()
 }
 
 fn remembered(events: &[(String, serde_json::Value)], filter: &str) -> bool {
-    events
-        .iter()
-        .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter)
+    entries(events, "FiltersRemembered", "filters").any(|e| e["filter"] == filter)
 }
 
 async fn a_refused_subscribe_fails_the_reconcile_until_allowed(backend: Backend) {
@@ -138,9 +147,8 @@ async fn a_qos_downgrade_fails_the_reconcile_with_history_kept(backend: Backend)
     .await;
     assert!(failed.level < SessionLevel::Full, "{failed:?}");
     let events = ledger_events(&ts, &id).await;
-    assert!(events
-        .iter()
-        .any(|(t, p)| t == "FilterRemembered" && p["filter"] == filter.as_str() && p["qos"] == 2));
+    assert!(entries(&events, "FiltersRemembered", "filters")
+        .any(|e| e["filter"] == filter.as_str() && e["qos"] == 2));
     assert!(
         suback_outcomes(&events, &filter).contains(&SubscribeOutcome::Granted {
             qos: Qos::AtLeastOnce
@@ -302,11 +310,8 @@ async fn a_delivery_only_a_pending_stale_filter_covers_is_held(backend: Backend)
     // Later connections keep failing on LEGACY/# and never drop the message either.
     next_generations(runtime, runtime.status().generation, 1).await;
     shutdown(runtimes).await;
-    let forgotten = ledger_events(&ts, &case.id)
-        .await
-        .into_iter()
-        .filter(|(t, _)| t == "FilterForgotten")
-        .count();
+    let events = ledger_events(&ts, &case.id).await;
+    let forgotten = entries(&events, "FiltersForgotten", "filters").count();
     assert_eq!(forgotten, 1, "only OLD/# was forgotten");
     assert_redelivered(&case).await;
 }

@@ -249,9 +249,9 @@ async fn a_removed_filter_is_unsubscribed_verified_and_forgotten(backend: Backen
         .await
         .expect("events");
     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    assert!(types.contains(&"FilterForgotten"), "{types:?}");
-    let forgotten = types.iter().position(|t| *t == "FilterForgotten");
-    let remembered = types.iter().rposition(|t| *t == "FilterRemembered");
+    assert!(types.contains(&"FiltersForgotten"), "{types:?}");
+    let forgotten = types.iter().position(|t| *t == "FiltersForgotten");
+    let remembered = types.iter().rposition(|t| *t == "FiltersRemembered");
     assert!(
         remembered < forgotten,
         "the new filter was remembered before the old one was forgotten: {types:?}"

@@ -6,18 +6,18 @@
 //! (`0x00`) or "no subscription existed" (`0x11`). A history that was never seeded is unknown,
 //! which is not the same as empty: startup refuses to reconcile against it.
 //!
-//! Stored events: `DomainEvent::event_type` names the variant and the payload is the variant's
-//! fields as a JSON object (`{"filter":"a/#","qos":1}`). Because `BaselineSeeded` and
-//! `BaselineExtended` have the same fields, decode a stored event with
-//! [`ManagedFilterEvent::decode`], which reads the type; plain `Deserialize` reads such a body
-//! as `BaselineSeeded`, and both fold into the same state.
+//! Each command appends at most one event (`events.rs` has them and their stored form).
 
 use std::collections::BTreeMap;
 
 use cqrs_es::event_sink::EventSink;
-use cqrs_es::{Aggregate, DomainEvent};
+use cqrs_es::Aggregate;
 use serde::{Deserialize, Serialize};
 
+pub use super::events::{
+    event_types, ForgottenFilter, ManagedFilterEvent, RememberedFilter, SubAckEntry,
+    SubscribeOutcome,
+};
 use super::exact_filter::{ExactFilter, Qos};
 
 /// The aggregate type name under which managed-filter events are stored.
@@ -34,180 +34,6 @@ pub fn is_removal_verified(reason_code: u8) -> bool {
         reason_code,
         UNSUBACK_SUCCESS | UNSUBACK_NO_SUBSCRIPTION_EXISTED
     )
-}
-
-/// What the broker answered to one filter of a SUBSCRIBE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SubscribeOutcome {
-    /// Subscribed, at `qos` (possibly below the requested level).
-    Granted {
-        /// The granted maximum QoS.
-        qos: Qos,
-    },
-    /// Refused with a SUBACK reason code of 0x80 or above.
-    Refused {
-        /// The SUBACK reason code.
-        reason_code: u8,
-    },
-}
-
-impl SubscribeOutcome {
-    /// True when granted at `requested` or above: the only outcome a reconcile accepts.
-    pub fn satisfies(self, requested: Qos) -> bool {
-        matches!(self, Self::Granted { qos } if qos >= requested)
-    }
-}
-
-/// One event of a managed session's ledger.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum ManagedFilterEvent {
-    /// The first seed: establishes the history (possibly empty).
-    BaselineSeeded {
-        /// The exact filters that exist at the broker, sorted, without duplicates.
-        filters: Vec<ExactFilter>,
-        /// Who seeded (`cli`, `init`, `builder`...), for audit.
-        source: String,
-    },
-    /// A later seed that listed filters not yet in the history: only those.
-    BaselineExtended {
-        /// The newly listed filters, sorted, without duplicates.
-        filters: Vec<ExactFilter>,
-        /// Who seeded.
-        source: String,
-    },
-    /// A filter about to be SUBSCRIBEd: from now on it may exist at the broker.
-    FilterRemembered {
-        /// The filter.
-        filter: ExactFilter,
-        /// The QoS it will be requested at.
-        qos: Qos,
-    },
-    /// The broker's SUBACK for one filter.
-    SubscribeAcknowledged {
-        /// The filter.
-        filter: ExactFilter,
-        /// The QoS requested.
-        requested: Qos,
-        /// What the broker answered.
-        outcome: SubscribeOutcome,
-    },
-    /// An UNSUBACK proved the filter gone (0x00 or 0x11): it leaves the history.
-    FilterForgotten {
-        /// The filter.
-        filter: ExactFilter,
-        /// The UNSUBACK reason code.
-        reason_code: u8,
-    },
-    /// A replay that only a removed filter could have delivered: terminal, history kept.
-    MigrationRequired {
-        /// Why, for the operator.
-        reason: String,
-        /// The filters involved.
-        filters: Vec<ExactFilter>,
-    },
-    /// The operator finished the restore/drain step of the migration procedure: the session
-    /// may run again (with the configuration that was restored). History unchanged.
-    MigrationResolved {
-        /// Who resolved it (`cli`, ...), for audit.
-        source: String,
-    },
-}
-
-/// Event type names, as stored.
-pub mod event_types {
-    /// [`super::ManagedFilterEvent::BaselineSeeded`].
-    pub const BASELINE_SEEDED: &str = "BaselineSeeded";
-    /// [`super::ManagedFilterEvent::BaselineExtended`].
-    pub const BASELINE_EXTENDED: &str = "BaselineExtended";
-    /// [`super::ManagedFilterEvent::FilterRemembered`].
-    pub const FILTER_REMEMBERED: &str = "FilterRemembered";
-    /// [`super::ManagedFilterEvent::SubscribeAcknowledged`].
-    pub const SUBSCRIBE_ACKNOWLEDGED: &str = "SubscribeAcknowledged";
-    /// [`super::ManagedFilterEvent::FilterForgotten`].
-    pub const FILTER_FORGOTTEN: &str = "FilterForgotten";
-    /// [`super::ManagedFilterEvent::MigrationRequired`].
-    pub const MIGRATION_REQUIRED: &str = "MigrationRequired";
-    /// [`super::ManagedFilterEvent::MigrationResolved`].
-    pub const MIGRATION_RESOLVED: &str = "MigrationResolved";
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Resolution {
-    source: String,
-}
-
-#[derive(Deserialize)]
-struct Baseline {
-    filters: Vec<ExactFilter>,
-    source: String,
-}
-
-impl ManagedFilterEvent {
-    /// Decodes a stored event from its type name and payload (the variant's fields).
-    pub fn decode(
-        event_type: &str,
-        payload: &serde_json::Value,
-    ) -> Result<Self, serde_json::Error> {
-        use serde::de::Error as _;
-        let baseline = || serde_json::from_value::<Baseline>(payload.clone());
-        let event: Self = match event_type {
-            event_types::BASELINE_SEEDED => {
-                let b = baseline()?;
-                Self::BaselineSeeded {
-                    filters: b.filters,
-                    source: b.source,
-                }
-            }
-            event_types::BASELINE_EXTENDED => {
-                let b = baseline()?;
-                Self::BaselineExtended {
-                    filters: b.filters,
-                    source: b.source,
-                }
-            }
-            event_types::FILTER_REMEMBERED
-            | event_types::SUBSCRIBE_ACKNOWLEDGED
-            | event_types::FILTER_FORGOTTEN
-            | event_types::MIGRATION_REQUIRED => serde_json::from_value(payload.clone())?,
-            event_types::MIGRATION_RESOLVED => Self::MigrationResolved {
-                source: serde_json::from_value::<Resolution>(payload.clone())?.source,
-            },
-            other => {
-                return Err(serde_json::Error::custom(format!(
-                    "unknown managed-session event type \"{other}\""
-                )))
-            }
-        };
-        if event.event_type() != event_type {
-            return Err(serde_json::Error::custom(format!(
-                "payload of a \"{event_type}\" event has the fields of \"{}\"",
-                event.event_type()
-            )));
-        }
-        Ok(event)
-    }
-}
-
-impl DomainEvent for ManagedFilterEvent {
-    fn event_type(&self) -> String {
-        match self {
-            Self::BaselineSeeded { .. } => event_types::BASELINE_SEEDED,
-            Self::BaselineExtended { .. } => event_types::BASELINE_EXTENDED,
-            Self::FilterRemembered { .. } => event_types::FILTER_REMEMBERED,
-            Self::SubscribeAcknowledged { .. } => event_types::SUBSCRIBE_ACKNOWLEDGED,
-            Self::FilterForgotten { .. } => event_types::FILTER_FORGOTTEN,
-            Self::MigrationRequired { .. } => event_types::MIGRATION_REQUIRED,
-            Self::MigrationResolved { .. } => event_types::MIGRATION_RESOLVED,
-        }
-        .into()
-    }
-
-    fn event_version(&self) -> String {
-        "1.0".into()
-    }
 }
 
 /// A SUBACK outcome as the ledger keeps it.
@@ -409,11 +235,16 @@ impl ManagedSession {
             .as_ref()
             .ok_or(ManagedSessionError::HistoryUnknown)?;
         let wanted = unique_by_filter(filters)?;
-        Ok(wanted
+        let filters: Vec<RememberedFilter> = wanted
             .into_iter()
             .filter(|(filter, qos)| history.get(filter).and_then(|r| r.qos) != Some(*qos))
-            .map(|(filter, qos)| ManagedFilterEvent::FilterRemembered { filter, qos })
-            .collect())
+            .map(|(filter, qos)| RememberedFilter { filter, qos })
+            .collect();
+        Ok(if filters.is_empty() {
+            Vec::new()
+        } else {
+            vec![ManagedFilterEvent::FiltersRemembered { filters }]
+        })
     }
 
     fn record_suback(
@@ -424,21 +255,24 @@ impl ManagedSession {
             .history
             .as_ref()
             .ok_or(ManagedSessionError::HistoryUnknown)?;
-        outcomes
-            .iter()
-            .map(|(filter, requested, outcome)| {
-                if !history.contains_key(filter) {
-                    return Err(ManagedSessionError::NotInHistory {
-                        filter: filter.clone(),
-                    });
-                }
-                Ok(ManagedFilterEvent::SubscribeAcknowledged {
+        let mut entries = Vec::with_capacity(outcomes.len());
+        for (filter, requested, outcome) in outcomes {
+            if !history.contains_key(filter) {
+                return Err(ManagedSessionError::NotInHistory {
                     filter: filter.clone(),
-                    requested: *requested,
-                    outcome: *outcome,
-                })
-            })
-            .collect()
+                });
+            }
+            entries.push(SubAckEntry {
+                filter: filter.clone(),
+                requested: *requested,
+                outcome: *outcome,
+            });
+        }
+        Ok(if entries.is_empty() {
+            Vec::new()
+        } else {
+            vec![ManagedFilterEvent::SubscribesAcknowledged { outcomes: entries }]
+        })
     }
 
     fn forget(
@@ -450,7 +284,7 @@ impl ManagedSession {
             .history
             .as_ref()
             .ok_or(ManagedSessionError::HistoryUnknown)?;
-        let mut events = Vec::new();
+        let mut forgotten = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for (filter, reason_code) in filters {
             if !is_removal_verified(*reason_code) {
@@ -465,13 +299,17 @@ impl ManagedSession {
                 });
             }
             if seen.insert(filter.clone()) {
-                events.push(ManagedFilterEvent::FilterForgotten {
+                forgotten.push(ForgottenFilter {
                     filter: filter.clone(),
                     reason_code: *reason_code,
                 });
             }
         }
-        Ok(events)
+        Ok(if forgotten.is_empty() {
+            Vec::new()
+        } else {
+            vec![ManagedFilterEvent::FiltersForgotten { filters: forgotten }]
+        })
     }
 
     fn refuse_if_migrating(&self) -> Result<(), ManagedSessionError> {
@@ -541,23 +379,31 @@ impl Aggregate for ManagedSession {
                     history.entry(filter).or_default().seeded_by = Some(source.clone());
                 }
             }
-            ManagedFilterEvent::FilterRemembered { filter, qos } => {
-                self.history_mut().entry(filter).or_default().qos = Some(qos);
-            }
-            ManagedFilterEvent::SubscribeAcknowledged {
-                filter,
-                requested,
-                outcome,
-            } => {
-                // Never decided for an unknown history; such an event does not make it known.
-                if let Some(history) = self.history.as_mut() {
-                    history.entry(filter).or_default().last_ack =
-                        Some(Acknowledgement { requested, outcome });
+            ManagedFilterEvent::FiltersRemembered { filters } => {
+                let history = self.history_mut();
+                for RememberedFilter { filter, qos } in filters {
+                    history.entry(filter).or_default().qos = Some(qos);
                 }
             }
-            ManagedFilterEvent::FilterForgotten { filter, .. } => {
+            ManagedFilterEvent::SubscribesAcknowledged { outcomes } => {
+                // Never decided for an unknown history; such an event does not make it known.
                 if let Some(history) = self.history.as_mut() {
-                    history.remove(&filter);
+                    for SubAckEntry {
+                        filter,
+                        requested,
+                        outcome,
+                    } in outcomes
+                    {
+                        history.entry(filter).or_default().last_ack =
+                            Some(Acknowledgement { requested, outcome });
+                    }
+                }
+            }
+            ManagedFilterEvent::FiltersForgotten { filters } => {
+                if let Some(history) = self.history.as_mut() {
+                    for ForgottenFilter { filter, .. } in filters {
+                        history.remove(&filter);
+                    }
                 }
             }
             ManagedFilterEvent::MigrationRequired { reason, filters } => {

@@ -1,11 +1,13 @@
 //! Managed MQTT subscriptions: exact filters, the durable session identity, the managed-filter
 //! ledger aggregate, and the sans-IO reconcile state machine the session driver runs.
 
+pub mod events;
 pub mod exact_filter;
 pub mod identity;
 pub mod ledger;
 pub mod reconcile;
 
+pub use events::{ForgottenFilter, RememberedFilter, SubAckEntry};
 pub use exact_filter::{ExactFilter, Qos};
 pub use identity::{
     redact_url, CanonicalBroker, DurableSessionIdentity, IdentityInputs, SessionMode,

@@ -245,7 +245,9 @@ impl<'a> Run<'a> {
     fn receive(&mut self, first: Delivery, connection: &mut Connection) {
         self.park(first);
         while self.parked.len() < self.settings.ingest_batch {
-            match connection.deliveries.next().now_or_never() {
+            // Outside the task's cooperative budget: a budget spent by the loop would make a
+            // ready delivery look pending and cut the batch short (64 of 100 seen under load).
+            match tokio::task::unconstrained(connection.deliveries.next()).now_or_never() {
                 Some(Ok(delivery)) => self.park(delivery),
                 _ => break,
             }
