@@ -41,7 +41,7 @@ enum Step {
         ms: u64,
     },
     /// The store's clock steps back (an NTP correction): safety must not depend on it.
-    StepBack {
+    ClockBack {
         ms: u64,
     },
     ObserveExpiry,
@@ -60,7 +60,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => any::<usize>().prop_map(|pick| Step::StaleRelease { pick }),
         1 => process.prop_map(|process| Step::Crash { process }),
         4 => (0u64..40_000).prop_map(|ms| Step::Advance { ms }),
-        1 => (0u64..3_000).prop_map(|ms| Step::StepBack { ms }),
+        1 => (0u64..3_000).prop_map(|ms| Step::ClockBack { ms }),
         1 => Just(Step::ObserveExpiry),
     ]
 }
@@ -188,7 +188,7 @@ impl World {
                 self.belief[*process] = None;
             }
             Step::Advance { ms: n } => self.now += ms(*n),
-            Step::StepBack { ms: n } => self.now -= ms(*n),
+            Step::ClockBack { ms: n } => self.now -= ms(*n),
             Step::ObserveExpiry => self.observe_expiry()?,
         }
         self.check()

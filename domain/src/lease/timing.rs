@@ -68,7 +68,7 @@ impl LeaseTiming {
                 return Err(invalid(&field(name), value, "must be greater than zero"));
             }
         }
-        if self.ttl > MAX_TTL || self.ttl.subsec_nanos() % 1_000_000 != 0 {
+        if self.ttl > MAX_TTL || !self.ttl.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(invalid(
                 &field("ttl"),
                 self.ttl,
@@ -109,11 +109,11 @@ fn invalid(field: &str, value: Duration, reason: &str) -> ValidationError {
 /// A duration as `45s`, `1500ms` or `250us`: the coarsest whole unit.
 pub fn format_duration(value: Duration) -> String {
     let nanos = value.as_nanos();
-    if nanos % 1_000_000_000 == 0 {
+    if nanos.is_multiple_of(1_000_000_000) {
         format!("{}s", nanos / 1_000_000_000)
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{}ms", nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!("{}us", nanos / 1_000)
     } else {
         format!("{nanos}ns")
