@@ -163,6 +163,14 @@ fn a_late_answer_past_the_deadline_renews_immediately_again() {
 }
 
 #[test]
+fn a_success_answered_after_its_send_plus_the_deadline_still_steps_down() {
+    let mut r = renewer_at(Duration::ZERO);
+    assert_eq!(r.tick(s(6)), Some(RenewerAction::Renew));
+    // Sent at 6 s, answered at 37 s (no tick in between): 6 + 30 = 36 s is already past.
+    assert!(is_deadline(r.outcome(s(37), RenewOutcome::Renewed)));
+}
+
+#[test]
 fn a_definitive_loss_steps_down_at_once_and_for_good() {
     let mut r = renewer_at(Duration::ZERO);
     assert_eq!(r.tick(s(6)), Some(RenewerAction::Renew));
