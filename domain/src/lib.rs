@@ -12,6 +12,7 @@ pub mod binding_set;
 pub mod declaration;
 pub mod error;
 pub mod filter;
+pub mod lease;
 pub mod matcher;
 pub mod names;
 pub mod session;
@@ -23,6 +24,11 @@ pub use declaration::{
 };
 pub use error::ValidationError;
 pub use filter::{Subject, TopicFilter};
+pub use lease::{
+    fence, ActivationPhases, FenceError, FencingToken, Lease, LeaseCommand, LeaseError, LeaseEvent,
+    LeaseHolder, LeaseTiming, RenewOutcome, Renewer, RenewerAction, Staleness, StepDownReason,
+    LEASE_AGGREGATE,
+};
 pub use matcher::BindingMatcher;
 pub use names::{AppVersion, DeclarerId, GroupName, TopicName};
 pub use session::{
