@@ -350,6 +350,7 @@ mod tests {
                     silent_seconds,
                 })
                 .collect(),
+            waiters_next_after: None,
             instances: [true, false]
                 .into_iter()
                 .map(|live| InstanceView {
@@ -361,6 +362,7 @@ mod tests {
                     live,
                 })
                 .collect(),
+            instances_next_after: None,
         }
     }
 

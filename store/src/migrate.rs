@@ -33,6 +33,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(2, "sqlite", "0002_declaration_projections.sql"),
     migration!(3, "sqlite", "0003_message_log.sql"),
     migration!(4, "sqlite", "0004_swap_applies.sql"),
+    migration!(5, "sqlite", "0005_listing_indexes.sql"),
 ];
 
 /// The Postgres scripts.
@@ -43,6 +44,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(4, "postgres", "0004_group_version.sql"),
     migration!(5, "postgres", "0005_claim_floor.sql"),
     migration!(6, "postgres", "0006_swap_applies.sql"),
+    migration!(7, "postgres", "0007_listing_indexes.sql"),
 ];
 
 /// The schema version this build needs.
