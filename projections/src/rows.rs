@@ -35,26 +35,43 @@ pub(crate) struct PageKeys {
 const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e.version, e.patterns, \
      e.previous, e.declared_at, e.attempt_at, e.position, e.installs";
 
-/// An open wait of the group `e`: a waiting attempt for a set other than the effective one.
-const HAS_OPEN_WAIT: &str = "EXISTS (SELECT 1 FROM declarer_attempt a \
-     WHERE a.group_name = e.group_name AND a.status = 'waiting' AND a.patterns <> e.patterns)";
-
 /// The page statement on either backend (`p` is the placeholder prefix, `$` or `?`): `1` the
 /// group name to start after, `2` the row count, `3` the topic when filtered.
+///
+/// Without `waiting` it walks `effective_declaration` by name (by `(topic, group_name)` with a
+/// topic). With `waiting` it walks the partial index of waiting attempts by group instead, and
+/// looks each one's group up by key: a page of waiting groups then costs the waiting attempts
+/// it passes, not every group in between (a walk of the groups probing for a waiter was
+/// planned as a sequential scan of `effective_declaration`).
 pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
     let topic = if topic {
         format!(" AND e.topic = {p}3")
     } else {
         String::new()
     };
-    let waiting = if waiting {
-        format!(" AND {HAS_OPEN_WAIT}")
-    } else {
-        String::new()
-    };
+    if waiting && p == '$' {
+        // The lateral lookup (a subquery with LIMIT is never flattened) keeps Postgres from
+        // hash-joining a sequential scan of `effective_declaration` to the waiting rows.
+        let topic = topic.replace("e.topic", "g.topic");
+        return format!(
+            "SELECT DISTINCT ON (a.group_name) {EFFECTIVE_COLUMNS} FROM declarer_attempt a \
+             CROSS JOIN LATERAL (SELECT * FROM effective_declaration g \
+               WHERE g.group_name = a.group_name{topic} LIMIT 1) e \
+             WHERE a.status = 'waiting' AND a.group_name > {p}1 AND a.patterns <> e.patterns \
+             ORDER BY a.group_name LIMIT {p}2"
+        );
+    }
+    if waiting {
+        return format!(
+            "SELECT DISTINCT {EFFECTIVE_COLUMNS} FROM declarer_attempt a \
+             JOIN effective_declaration e ON e.group_name = a.group_name \
+             WHERE a.status = 'waiting' AND a.group_name > {p}1 AND a.patterns <> e.patterns\
+             {topic} ORDER BY e.group_name LIMIT {p}2"
+        );
+    }
     format!(
         "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
-         {topic}{waiting} ORDER BY e.group_name LIMIT {p}2"
+         {topic} ORDER BY e.group_name LIMIT {p}2"
     )
 }
 
