@@ -16,6 +16,7 @@ pub mod declaration;
 pub mod error;
 pub mod listing;
 pub mod prune;
+pub mod replay;
 pub mod rows;
 pub mod views;
 

@@ -48,8 +48,8 @@ impl RebuildReport {
     }
 }
 
-/// How many events a replay reads per page.
-pub(crate) const REPLAY_PAGE: i64 = 1_000;
+/// How many positions a rebuild reads per page (a bounded range of the position index).
+pub(crate) const REBUILD_PAGE: i64 = 10_000;
 
 /// The name of the snapshot copy of `table` used by Verify.
 pub(crate) fn snapshot_table(table: &str) -> String {

@@ -4,6 +4,7 @@
 //! Postgres is found at `WHARF_TEST_PG_URL` (default `postgres://postgres@127.0.0.1:5432/test`).
 //! When it cannot be reached the Postgres half of a test fails; it never skips.
 
+pub mod ledger;
 pub mod prometheus_text;
 pub mod proxy;
 

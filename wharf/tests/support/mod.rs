@@ -109,12 +109,12 @@ pub enum Backend {
     Postgres,
 }
 
-fn pg_url() -> String {
+pub fn pg_url() -> String {
     std::env::var("WHARF_TEST_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-async fn pg_connect() -> Result<sqlx::PgConnection, sqlx::Error> {
+pub async fn pg_connect() -> Result<sqlx::PgConnection, sqlx::Error> {
     use sqlx::Connection;
     sqlx::PgConnection::connect(&pg_url()).await
 }
@@ -372,6 +372,25 @@ impl Running {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Sends SIGKILL (no chance to clean up, as a crash or an OOM kill) and waits for the exit;
+    /// returns the exit code (`None`: killed by the signal).
+    pub async fn kill(&mut self) -> Option<i32> {
+        let pid = self.child.id().expect("still running").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -KILL {pid}");
+        let status = tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("no exit within {DEADLINE:?} of SIGKILL"))
+            .unwrap();
+        while let Ok(line) = self.lines.try_recv() {
+            self.file(line);
+        }
+        status.code()
     }
 
     /// Sends SIGTERM and waits for the exit; returns the exit code (the rest of the output
