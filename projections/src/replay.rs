@@ -16,13 +16,28 @@ use sqlx::PgConnection;
 use wharf_domain::declaration::AGGREGATE_TYPE;
 use wharf_domain::DeclarationEvent;
 use wharf_store::projector::{PgReplay, SqliteReplay};
-use wharf_store::{RecordedEvent, StoreError};
+use wharf_store::rebuild::{Decoded, ReplayEvent};
+use wharf_store::StoreError;
 
-fn declaration(event: &RecordedEvent) -> Result<Option<DeclarationEvent>, StoreError> {
+/// The event's declaration, decoded once for both folds (`None` for other aggregates).
+fn declaration<'d>(
+    event: &ReplayEvent<'_>,
+    decoded: &'d mut Decoded,
+) -> Result<Option<&'d DeclarationEvent>, StoreError> {
     if event.aggregate_type != AGGREGATE_TYPE {
         return Ok(None);
     }
-    event.as_ref().decode().map(Some)
+    decoded
+        .get_or_decode(|| {
+            serde_json::from_str::<DeclarationEvent>(event.payload).map_err(|e| {
+                let at = format!(
+                    "{}/{}#{}",
+                    event.aggregate_type, event.aggregate_id, event.sequence
+                );
+                StoreError::decode(event.position, format!("{at}: {e}"))
+            })
+        })
+        .map(Some)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -52,11 +67,11 @@ pub struct AttemptsFold {
 }
 
 impl AttemptsFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        let Some(declared) = declaration(event)? else {
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        let Some(declared) = declaration(event, decoded)? else {
             return Ok(());
         };
-        let (attempt, status, incumbent) = match &declared {
+        let (attempt, status, incumbent) = match declared {
             DeclarationEvent::Installed { attempt, .. } => (attempt, "installed", None),
             DeclarationEvent::Waiting {
                 attempt, incumbent, ..
@@ -137,8 +152,9 @@ pub struct EffectiveFold {
 }
 
 impl EffectiveFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event, decoded)?
+        else {
             return Ok(());
         };
         let installs = self
@@ -172,8 +188,8 @@ fn json_list(list: &[String]) -> String {
 }
 
 impl SqliteReplay for AttemptsFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        AttemptsFold::fold(self, event)
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        AttemptsFold::fold(self, event, decoded)
     }
 
     fn write(self: Box<Self>, tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -200,8 +216,8 @@ impl SqliteReplay for AttemptsFold {
 }
 
 impl SqliteReplay for EffectiveFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        EffectiveFold::fold(self, event)
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        EffectiveFold::fold(self, event, decoded)
     }
 
     fn write(self: Box<Self>, tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -321,8 +337,8 @@ async fn copy(conn: &mut PgConnection, target: &str, rows: CopyText) -> Result<(
 
 #[async_trait]
 impl PgReplay for AttemptsFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        AttemptsFold::fold(self, event)
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        AttemptsFold::fold(self, event, decoded)
     }
 
     async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError> {
@@ -354,8 +370,8 @@ impl PgReplay for AttemptsFold {
 
 #[async_trait]
 impl PgReplay for EffectiveFold {
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
-        EffectiveFold::fold(self, event)
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
+        EffectiveFold::fold(self, event, decoded)
     }
 
     async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError> {

@@ -14,6 +14,7 @@ use sqlx::{Arguments, Encode, PgConnection, Postgres, Type};
 
 use crate::error::StoreError;
 use crate::event::{EventRef, RecordedEvent};
+use crate::rebuild::{Decoded, ReplayEvent};
 
 /// A projector over a SQLite transaction.
 pub trait SqliteProjector: Send + Sync {
@@ -44,8 +45,9 @@ pub trait SqliteProjector: Send + Sync {
 /// memory, then writes the rows its tables end with into the (reset) tables. What it writes
 /// must equal what `apply`, event by event, leaves.
 pub trait SqliteReplay: Send {
-    /// Folds one event (ignoring events the projector does not care about).
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError>;
+    /// Folds one event (ignoring events the projector does not care about); `decoded` is the
+    /// event's scratch, shared with the other replays.
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError>;
     /// Writes the folded rows.
     fn write(self: Box<Self>, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError>;
 }
@@ -53,8 +55,9 @@ pub trait SqliteReplay: Send {
 /// The Postgres twin of [`SqliteReplay`].
 #[async_trait]
 pub trait PgReplay: Send {
-    /// Folds one event (ignoring events the projector does not care about).
-    fn fold(&mut self, event: &RecordedEvent) -> Result<(), StoreError>;
+    /// Folds one event (ignoring events the projector does not care about); `decoded` is the
+    /// event's scratch, shared with the other replays.
+    fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError>;
     /// Writes the folded rows.
     async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError>;
 }

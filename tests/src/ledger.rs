@@ -64,27 +64,25 @@ fn event(group: usize, step: usize, base: DateTime<Utc>) -> DeclarationEvent {
     }
 }
 
-/// The ledger in position order: step by step, every group at each step.
-pub fn ledger(events: usize) -> Vec<(String, i64, DeclarationEvent)> {
+/// The ledger in position order, generated as it is taken: step by step, every group at
+/// each step.
+pub fn ledger(events: usize) -> impl Iterator<Item = (String, i64, DeclarationEvent)> {
     let groups = events.div_ceil(PER_GROUP);
     let base = Utc::now() - Duration::days(1);
-    let mut out = Vec::with_capacity(groups * PER_GROUP);
-    for step in 0..PER_GROUP {
-        for group in 0..groups {
-            out.push((
+    (0..PER_GROUP)
+        .flat_map(move |step| (0..groups).map(move |group| (step, group)))
+        .take(events)
+        .map(move |(step, group)| {
+            (
                 format!("group-{group:06}"),
                 step as i64 + 1,
                 event(group, step, base),
-            ));
-        }
-    }
-    out.truncate(events);
-    out
+            )
+        })
 }
 
 /// Appends `events` generated events to `store` in bulk.
 pub async fn load(store: &Store, events: usize) {
-    let rows = ledger(events);
     let kind = |e: &DeclarationEvent| {
         if e.is_installed() {
             "DeclarationInstalled"
@@ -100,13 +98,13 @@ pub async fn load(store: &Store, events: usize) {
                      event_version, payload, metadata, recorded_at) \
                      VALUES (?1, ?2, ?3, ?4, '1.0', ?5, '{}', ?6)",
                 )?;
-                for (group, sequence, event) in &rows {
-                    let payload = serde_json::to_string(event).expect("payload");
+                for (group, sequence, event) in ledger(events) {
+                    let payload = serde_json::to_string(&event).expect("payload");
                     insert.execute(rusqlite::params![
                         AGGREGATE_TYPE,
                         group,
                         sequence,
-                        kind(event),
+                        kind(&event),
                         payload,
                         event.attempt().attempt_at.timestamp_micros(),
                     ])?;
@@ -115,9 +113,15 @@ pub async fn load(store: &Store, events: usize) {
             })
             .await
             .expect("loading SQLite");
+            // Settle the load into the main file, as a store at rest is.
+            s.read(|conn| Ok(conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?))
+                .await
+                .expect("checkpointing the WAL");
         }
         Store::Postgres(s) => {
-            for chunk in rows.chunks(10_000) {
+            let mut rows = ledger(events).peekable();
+            while rows.peek().is_some() {
+                let chunk: Vec<_> = rows.by_ref().take(10_000).collect();
                 let groups: Vec<&str> = chunk.iter().map(|r| r.0.as_str()).collect();
                 let sequences: Vec<i64> = chunk.iter().map(|r| r.1).collect();
                 let kinds: Vec<&str> = chunk.iter().map(|r| kind(&r.2)).collect();

@@ -172,10 +172,7 @@ async fn a_killed_rebuild_changes_nothing_and_a_rerun_equals_a_fresh_replay(back
     };
     load(&store).await;
     let first = store.run(&["projections", "rebuild"]).await;
-    assert!(
-        first.success().contains("replayed 50000 events"),
-        "{first}"
-    );
+    assert!(first.success().contains("replayed 50000 events"), "{first}");
     let replayed = projections(&store).await;
     assert_eq!(
         replayed.len() as i64,

@@ -9,6 +9,7 @@ use super::PgStore;
 use crate::error::StoreError;
 use crate::event::{EventQuery, EventRef, NewEvent, RecordedEvent};
 use crate::projector::{CteStatement, PgProjector};
+use crate::rebuild::RawRow;
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -211,6 +212,49 @@ pub async fn read_range_in_tx(
         .fetch_all(conn)
         .await?;
     rows.iter().map(decode_event).collect()
+}
+
+type RawTuple = (
+    i64,
+    String,
+    String,
+    i64,
+    String,
+    String,
+    String,
+    String,
+    chrono::DateTime<chrono::Utc>,
+);
+
+/// Reads the rows with `after < position <= through` for a rebuild, JSON as text.
+pub(crate) async fn read_raw_range_in_tx(
+    conn: &mut PgConnection,
+    after: i64,
+    through: i64,
+) -> Result<Vec<RawRow>, StoreError> {
+    let rows: Vec<RawTuple> = sqlx::query_as(
+        "SELECT position, aggregate_type, aggregate_id, sequence, event_type, event_version, \
+         payload::text, metadata::text, recorded_at FROM events \
+         WHERE position > $1 AND position <= $2 ORDER BY position",
+    )
+    .bind(after)
+    .bind(through)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| RawRow {
+            position: r.0,
+            aggregate_type: r.1,
+            aggregate_id: r.2,
+            sequence: r.3,
+            event_type: r.4,
+            event_version: r.5,
+            payload: r.6,
+            metadata: r.7,
+            recorded_at: r.8,
+        })
+        .collect())
 }
 
 fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {

@@ -9,6 +9,7 @@ use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, EventQuery, NewEvent, RecordedEvent};
 use crate::projector::SqliteProjector;
+use crate::rebuild::RawRow;
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -132,6 +133,31 @@ pub fn read_range_in_tx(
     let mut stmt = conn.prepare_cached(EVENTS_IN_RANGE)?;
     let rows = stmt.query_map(params![after, through], raw_event)?;
     rows.map(|row| row?.decode()).collect()
+}
+
+/// Reads the rows with `after < position <= through` for a rebuild, JSON unparsed.
+pub(crate) fn read_raw_range_in_tx(
+    conn: &rusqlite::Connection,
+    after: i64,
+    through: i64,
+) -> Result<Vec<RawRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(EVENTS_IN_RANGE)?;
+    let rows = stmt.query_map(params![after, through], raw_event)?;
+    rows.map(|row| {
+        let raw = row?;
+        Ok(RawRow {
+            position: raw.position,
+            aggregate_type: raw.aggregate_type,
+            aggregate_id: raw.aggregate_id,
+            sequence: raw.sequence,
+            event_type: raw.event_type,
+            event_version: raw.event_version,
+            payload: raw.payload,
+            metadata: raw.metadata,
+            recorded_at: from_micros(raw.recorded_at),
+        })
+    })
+    .collect()
 }
 
 /// A row as read, before its JSON is parsed (so a bad payload is a decode error, not a panic).

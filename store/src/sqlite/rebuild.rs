@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use super::events::{checkpoint_in_tx, read_range_in_tx, set_checkpoint_in_tx};
+use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx};
 use super::SqliteStore;
 use crate::error::StoreError;
 use crate::projector::{SqliteProjector, SqliteReplay};
 use crate::rebuild::{
-    snapshot_table, Progress, RebuildMode, RebuildReport, TableDifference, REBUILD_PAGE,
+    snapshot_table, Decoded, Progress, RebuildMode, RebuildReport, TableDifference, REBUILD_PAGE,
 };
 
 impl SqliteStore {
@@ -124,16 +124,26 @@ fn replay(
     let mut from = after;
     while from < head {
         let through = head.min(from.saturating_add(REBUILD_PAGE));
-        let page = read_range_in_tx(tx, from, through)?;
-        for event in &page {
+        let page = read_raw_range_in_tx(tx, from, through)?;
+        for row in &page {
+            let event = row.replay();
+            let mut decoded = Decoded::default();
+            let mut recorded = None;
             for step in steps.iter_mut() {
                 match step {
                     Step::Fold(name, fold) => fold
-                        .fold(event)
+                        .fold(&event, &mut decoded)
                         .map_err(|e| StoreError::in_projector(name, e))?,
-                    Step::Apply(projector) => projector
-                        .apply(tx, event)
-                        .map_err(|e| StoreError::in_projector(projector.name(), e))?,
+                    Step::Apply(projector) => {
+                        if recorded.is_none() {
+                            recorded = Some(row.recorded()?);
+                        }
+                        if let Some(recorded) = &recorded {
+                            projector
+                                .apply(tx, recorded)
+                                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+                        }
+                    }
                 }
             }
         }
