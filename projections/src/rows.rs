@@ -39,10 +39,11 @@ const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e.version, e
 /// group name to start after, `2` the row count, `3` the topic when filtered.
 ///
 /// Without `waiting` it walks `effective_declaration` by name (by `(topic, group_name)` with a
-/// topic). With `waiting` it walks the partial index of waiting attempts by group instead, and
-/// looks each one's group up by key: a page of waiting groups then costs the waiting attempts
-/// it passes, not every group in between (a walk of the groups probing for a waiter was
-/// planned as a sequential scan of `effective_declaration`).
+/// topic). With `waiting`, on Postgres it walks the partial index of waiting attempts by group
+/// and looks each one's group up by key, so a page costs the waiting attempts it passes (a
+/// walk of the groups probing for a waiter was planned as a sequential scan of
+/// `effective_declaration`); on SQLite it walks the groups and probes each one's waiting rows
+/// by key, so a page costs the groups it passes.
 pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
     let topic = if topic {
         format!(" AND e.topic = {p}3")
@@ -62,11 +63,14 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         );
     }
     if waiting {
+        // SQLite walks the groups by name and probes each one's waiting rows by key, stopping
+        // when the page is full (a join from the waiting rows sorted every waiting group
+        // after the cursor first: 0.6 s at 100k groups).
         return format!(
-            "SELECT DISTINCT {EFFECTIVE_COLUMNS} FROM declarer_attempt a \
-             JOIN effective_declaration e ON e.group_name = a.group_name \
-             WHERE a.status = 'waiting' AND a.group_name > {p}1 AND a.patterns <> e.patterns\
-             {topic} ORDER BY e.group_name LIMIT {p}2"
+            "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
+             {topic} AND EXISTS (SELECT 1 FROM declarer_attempt a \
+               WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+               AND a.patterns <> e.patterns) ORDER BY e.group_name LIMIT {p}2"
         );
     }
     format!(

@@ -14,6 +14,9 @@
 //!   rebuilds);
 //! - rebuild (first): into empty projections; rebuild: over existing ones; verify.
 //!
+//! Before each timed round the store is put at rest (`settle`: Postgres `VACUUM` of the
+//! projection tables and `CHECKPOINT`, SQLite a WAL checkpoint), outside the timing.
+//!
 //! Run: `cargo bench -p wharf-tests --bench rebuild` (WHARF_BENCH_EVENTS=23000,230000 to pick
 //! the sizes, WHARF_BENCH_BACKENDS=sqlite or postgres to pick one backend).
 
@@ -44,6 +47,7 @@ fn backends() -> Vec<Backend> {
 
 /// Seconds for a streamed read of every event's position and payload, decoded.
 async fn raw_read(store: &Store) -> (f64, usize) {
+    settle(store).await;
     let start = Instant::now();
     let count = match store {
         Store::Sqlite(s) => s
@@ -80,7 +84,33 @@ async fn raw_read(store: &Store) -> (f64, usize) {
     (start.elapsed().as_secs_f64(), count)
 }
 
+/// Puts the store at rest before a timed round: Postgres vacuums the projection tables (the
+/// previous round's deleted rows; autovacuum is off on this machine) and checkpoints (so no
+/// round pays for the write-back of the load or of the round before); SQLite checkpoints its
+/// WAL into the main file.
+async fn settle(store: &Store) {
+    match store {
+        Store::Sqlite(s) => s
+            .read(|conn| Ok(conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?))
+            .await
+            .expect("checkpointing the WAL"),
+        Store::Postgres(s) => {
+            // One statement each: VACUUM refuses to run in a multi-statement string.
+            for sql in [
+                "VACUUM declarer_attempt, effective_declaration, binding",
+                "CHECKPOINT",
+            ] {
+                sqlx::query(sql)
+                    .execute(s.pool())
+                    .await
+                    .expect("vacuum and checkpoint");
+            }
+        }
+    }
+}
+
 async fn timed_rebuild(test: &TestStore, mode: RebuildMode) -> f64 {
+    settle(&test.store).await;
     let quiet: Progress = Arc::new(|_, _| {});
     let start = Instant::now();
     let report = test
@@ -98,12 +128,73 @@ async fn timed_rebuild(test: &TestStore, mode: RebuildMode) -> f64 {
     seconds
 }
 
+/// The median of `runs` timed calls of `read`, in milliseconds.
+async fn median_ms<F, Fut>(runs: usize, mut read: F) -> f64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        read().await;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    times[runs / 2]
+}
+
+/// Listing reads on the rebuilt store (through `ReadModel`, no HTTP), median of 21: the first
+/// page of 100 groups, the page after the middle group, a page of waiting groups (every group
+/// has one open waiter), one group.
+async fn listing(test: &TestStore, events: usize) -> String {
+    use wharf::domain::GroupName;
+    use wharf::projections::{GroupCursor, GroupQuery, MemberQuery};
+    let read = test.wharf().read_model().clone();
+    let middle = events.div_ceil(wharf_tests::ledger::PER_GROUP) / 2;
+    let first = GroupQuery::default();
+    let deep = GroupQuery {
+        after: Some(GroupCursor(
+            GroupName::parse("g", &format!("group-{:06}", middle)).expect("name"),
+        )),
+        ..GroupQuery::default()
+    };
+    let waiting = GroupQuery {
+        waiting: true,
+        ..GroupQuery::default()
+    };
+    let group = GroupName::parse("g", "group-000042").expect("name");
+    let page = |query: GroupQuery| {
+        let read = read.clone();
+        move || {
+            let (read, query) = (read.clone(), query.clone());
+            async move {
+                let page = read.groups_page(&query).await.expect("a page");
+                assert_eq!(page.groups.len(), 100);
+            }
+        }
+    };
+    let first = median_ms(21, page(first)).await;
+    let deep = median_ms(21, page(deep)).await;
+    let waiting = median_ms(21, page(waiting)).await;
+    let one = median_ms(21, || {
+        let (read, group) = (read.clone(), group.clone());
+        async move {
+            let view = read.group_members(&group, &MemberQuery::default()).await;
+            assert!(view.expect("a group").is_some());
+        }
+    })
+    .await;
+    format!("{first:.2} | {deep:.2} | {waiting:.2} | {one:.2}")
+}
+
 #[tokio::main]
 async fn main() {
     println!(
         "| backend | events | raw read s | first rebuild s (ratio) | rebuild s (ratio) | verify s (ratio) |"
     );
     println!("|---|---|---|---|---|---|");
+    let mut listings = Vec::new();
     for backend in backends() {
         for events in sizes() {
             let test = TestStore::new(backend).await;
@@ -119,6 +210,10 @@ async fn main() {
             let again = timed_rebuild(&test, RebuildMode::Apply).await;
             let verify = timed_rebuild(&test, RebuildMode::Verify).await;
             let (after, _) = raw_read(&test.store).await;
+            listings.push(format!(
+                "| {backend:?} | {events} | {} |",
+                listing(&test, events).await
+            ));
             let raw = (before + after) / 2.0;
             println!(
                 "| {backend:?} | {events} | {raw:.3} ({before:.3}, {after:.3}) | {first:.3} ({:.3}) | {again:.3} ({:.3}) | {verify:.3} ({:.3}) |",
@@ -127,5 +222,11 @@ async fn main() {
                 raw / verify,
             );
         }
+    }
+    println!();
+    println!("| backend | events | first page ms | page after the middle ms | waiting page ms | one group ms |");
+    println!("|---|---|---|---|---|---|");
+    for line in listings {
+        println!("{line}");
     }
 }
