@@ -204,11 +204,7 @@ impl ReadModel {
             topic: query.topic.as_ref().map(ToString::to_string),
             waiting: query.waiting,
         };
-        let mut page = self.read_page(page, query.members).await?;
-        if page.groups.len() > query.limit as usize {
-            page.groups.truncate(query.limit as usize);
-        }
-        Ok(page)
+        self.read_page(page, query.members).await
     }
 
     async fn read_page(

@@ -7,6 +7,8 @@
 //!   sequentially, and each touches a bounded number of buffers. The former catch-up check,
 //!   `EXISTS (... position > (subquery))`, is run too, and must be caught: the detector works.
 //! - SQLite: `EXPLAIN QUERY PLAN` of the same statements shows no `SCAN` of those tables.
+//!
+//! `SHOW_PLANS=1` prints the plan of every statement caught scanning.
 
 use serde_json::Value;
 use sqlx::postgres::PgArguments;
