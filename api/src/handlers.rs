@@ -9,7 +9,7 @@ use axum::Json;
 use serde_json::json;
 use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
-use wharf_projections::{GroupView, HistoryPage};
+use wharf_projections::{GroupView, HistoryPage, MemberQuery};
 
 use crate::error::ApiError;
 use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
@@ -20,7 +20,7 @@ use crate::views::{DeadLetterPage, GroupDetail, GroupList, SwapList, TopicList};
 
 /// `GET`: every topic's head and size.
 pub const TOPICS_PATH: &str = "/api/v1/topics";
-/// `GET`: every declared group, with its queue figures.
+/// `GET`: a page of the declared groups, with their queue figures.
 pub const GROUPS_PATH: &str = "/api/v1/groups";
 /// `GET`: one group, with its queue figures.
 pub const GROUP_PATH: &str = "/api/v1/groups/{group}";
@@ -67,25 +67,47 @@ async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, A
     Ok(Json(TopicList { topics }))
 }
 
-/// The declared groups joined by name with every group's queue figures, read in one call each.
-/// The two reads are not one snapshot: figures may be a moment apart from the declarations.
-async fn list_groups(State(state): State<ApiState>) -> Result<Json<GroupList>, ApiError> {
-    let (views, stats) = tokio::try_join!(
-        async { Ok::<_, ApiError>(state.read_model().groups().await?) },
-        async { Ok::<_, ApiError>(state.queue().group_stats(None).await?) },
-    )?;
+/// A page of the declared groups (by name, from the `after` cursor, filtered by `topic` and
+/// `waiting`) joined by name with their queue figures, each read by key. The two reads are not
+/// one snapshot: figures may be a moment apart from the declarations.
+async fn list_groups(
+    State(state): State<ApiState>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Json<GroupList>, ApiError> {
+    let Query(pairs) =
+        query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
+    let query = params::groups_query(&pairs)?;
+    let page = state.read_model().groups_page(&query).await?;
+    let names: Vec<GroupName> = page
+        .groups
+        .iter()
+        .filter_map(|g| GroupName::parse("group", &g.group).ok())
+        .collect();
+    let stats = state.queue().group_stats_of(&names).await?;
     Ok(Json(GroupList {
-        groups: GroupDetail::join(views, stats),
+        groups: GroupDetail::join(page.groups, stats),
+        next_after: page.next_after,
     }))
 }
 
+/// One group with a page of its waiters and of its instances (`limit`, `waiters_after`,
+/// `instances_after`) and its queue figures.
 async fn one_group(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Json<GroupDetail>, ApiError> {
     let group = group_name(path)?;
-    let (view, stats) = tokio::try_join!(find_group(&state, &group), async {
-        Ok::<_, ApiError>(state.queue().group_stats(Some(&group)).await?)
+    let Query(pairs) =
+        query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
+    let members = params::member_query(&pairs)?;
+    let (view, stats) = tokio::try_join!(find_group(&state, &group, &members), async {
+        Ok::<_, ApiError>(
+            state
+                .queue()
+                .group_stats_of(std::slice::from_ref(&group))
+                .await?,
+        )
     })?;
     Ok(Json(GroupDetail::new(view, stats)))
 }
@@ -150,11 +172,16 @@ fn not_declared(group: &GroupName) -> ApiError {
     ApiError::not_found(format!("group {:?} was never declared", group.as_str()))
 }
 
-/// The group's view, or a 404 when it has no effective declaration.
-async fn find_group(state: &ApiState, group: &GroupName) -> Result<GroupView, ApiError> {
+/// The group's view with the member pages asked for, or a 404 when it has no effective
+/// declaration.
+async fn find_group(
+    state: &ApiState,
+    group: &GroupName,
+    members: &MemberQuery,
+) -> Result<GroupView, ApiError> {
     state
         .read_model()
-        .group(group)
+        .group_members(group, members)
         .await?
         .ok_or_else(|| not_declared(group))
 }

@@ -434,6 +434,7 @@ mod tests {
                     silent_seconds,
                 })
                 .collect(),
+            waiters_next_after: None,
             instances: [true, false]
                 .into_iter()
                 .map(|live| InstanceView {
@@ -445,6 +446,7 @@ mod tests {
                     live,
                 })
                 .collect(),
+            instances_next_after: None,
         }
     }
 

@@ -15,8 +15,10 @@ mod tests {
 
     use super::OPENAPI_JSON;
     use crate::error::ApiError;
-    use crate::handlers::{routes, DEAD_LETTERS_PATH, DECLARATIONS_PATH};
-    use crate::params::{DEAD_LETTER_PARAMS, HISTORY_PARAMS, MAX_DEAD_LETTER_PAGE};
+    use crate::handlers::{routes, DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH};
+    use crate::params::{
+        DEAD_LETTER_PARAMS, GROUPS_PARAMS, GROUP_PARAMS, HISTORY_PARAMS, MAX_DEAD_LETTER_PAGE,
+    };
     use crate::views::{DeadLetterView, GroupQueue};
 
     fn document() -> Value {
@@ -103,6 +105,61 @@ mod tests {
             .find(|p| p["name"] == "limit")
             .expect("no limit parameter");
         assert_eq!(limit["schema"]["maximum"], MAX_DEAD_LETTER_PAGE);
+    }
+
+    #[test]
+    fn the_group_listing_query_parameters_match_the_parser() {
+        let doc = document();
+        for (path, known) in [(GROUPS_PATH, GROUPS_PARAMS), (GROUP_PATH, GROUP_PARAMS)] {
+            let parsed: BTreeSet<String> = known.iter().map(|p| (*p).to_owned()).collect();
+            assert_eq!(query_parameter_names(&doc, path), parsed, "{path}");
+            let limit = parameters(&doc, path)
+                .into_iter()
+                .find(|p| p["name"] == "limit")
+                .expect("no limit parameter");
+            assert_eq!(
+                limit["schema"]["maximum"],
+                wharf_projections::listing::MAX_PAGE
+            );
+            assert_eq!(
+                limit["schema"]["default"],
+                wharf_projections::listing::DEFAULT_PAGE
+            );
+        }
+    }
+
+    #[test]
+    fn the_group_view_schema_matches_what_serializes() {
+        let doc = document();
+        let at = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let view = wharf_projections::GroupView {
+            group: "g".into(),
+            topic: "t".into(),
+            effective: wharf_projections::EffectiveView {
+                patterns: Vec::new(),
+                whole_topic: true,
+                declarer: "d".into(),
+                version: "1".into(),
+                declared_at: at,
+                installed_at: at,
+                position: 1,
+                installs: 1,
+                previous: None,
+            },
+            waiters: Vec::new(),
+            waiters_next_after: None,
+            instances: Vec::new(),
+            instances_next_after: None,
+        };
+        let detail = crate::views::GroupDetail::new(view, Vec::new());
+        let detail = serde_json::to_value(detail).unwrap_or_default();
+        assert_schema_matches(&doc, "GroupView", &detail);
+        let list = crate::views::GroupList {
+            groups: Vec::new(),
+            next_after: None,
+        };
+        let list = serde_json::to_value(list).unwrap_or_default();
+        assert_schema_matches(&doc, "GroupList", &list);
     }
 
     /// The property names a schema requires, and those it lists, against what serializes.

@@ -5,9 +5,11 @@
 //! parameters are refused instead of silently ignored.
 
 use chrono::{DateTime, Utc};
-use wharf_domain::{DeclarerId, GroupName};
+use wharf_domain::{DeclarerId, GroupName, TopicName};
 use wharf_projections::audit::MAX_PAGE;
-use wharf_projections::HistoryQuery;
+use wharf_projections::{
+    GroupCursor, GroupQuery, HistoryQuery, InstanceCursor, MemberQuery, WaiterCursor,
+};
 
 use crate::error::ApiError;
 
@@ -19,6 +21,12 @@ pub const DEAD_LETTER_PARAMS: &[&str] = &["after", "limit"];
 
 /// The query parameters `GET /api/v1/groups/{group}/swaps` understands.
 pub const SWAP_PARAMS: &[&str] = &["limit"];
+
+/// The query parameters `GET /api/v1/groups` understands.
+pub const GROUPS_PARAMS: &[&str] = &["after", "limit", "topic", "waiting"];
+
+/// The query parameters `GET /api/v1/groups/{group}` understands.
+pub const GROUP_PARAMS: &[&str] = &["limit", "waiters_after", "instances_after"];
 
 /// How many swaps `GET /api/v1/groups/{group}/swaps` lists when `limit` is not given.
 pub const DEFAULT_SWAPS: u32 = 20;
@@ -67,6 +75,44 @@ pub fn history_query(
     }
     query.validate()?;
     Ok(query)
+}
+
+/// Builds the listing page request from the raw `(name, value)` pairs of the query string.
+pub fn groups_query(pairs: &[(String, String)]) -> Result<GroupQuery, ApiError> {
+    let mut query = GroupQuery::default();
+    for (known, value) in known_params(pairs, GROUPS_PARAMS)? {
+        match known {
+            "after" => query.after = Some(GroupCursor::decode(known, value)?),
+            "topic" => query.topic = Some(TopicName::parse(known, value)?),
+            "waiting" => query.waiting = boolean(known, value)?,
+            _ => query.limit = limit(known, value, MAX_PAGE)?,
+        }
+    }
+    Ok(query)
+}
+
+/// Builds the member page request of one group from the raw `(name, value)` pairs.
+pub fn member_query(pairs: &[(String, String)]) -> Result<MemberQuery, ApiError> {
+    let mut query = MemberQuery::default();
+    for (known, value) in known_params(pairs, GROUP_PARAMS)? {
+        match known {
+            "waiters_after" => query.waiters_after = Some(WaiterCursor::decode(known, value)?),
+            "instances_after" => {
+                query.instances_after = Some(InstanceCursor::decode(known, value)?)
+            }
+            _ => query.limit = limit(known, value, MAX_PAGE)?,
+        }
+    }
+    Ok(query)
+}
+
+/// Parses `true` or `false`.
+fn boolean(field: &str, raw: &str) -> Result<bool, ApiError> {
+    match raw {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(ApiError::invalid(field, raw, "must be true or false")),
+    }
 }
 
 /// A page request of a group's dead letters.
@@ -290,6 +336,65 @@ mod tests {
             dead_letter_refused_field(&[("after", "1"), ("after", "2")]),
             "after"
         );
+    }
+
+    fn groups_refused_field(items: &[(&str, &str)]) -> String {
+        match groups_query(&pairs(items)) {
+            Err(ApiError::InvalidParameter { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_group_listing_parameters_are_read_and_bad_ones_named() {
+        assert_eq!(groups_query(&[]).unwrap(), GroupQuery::default());
+        let cursor = GroupCursor(group()).encode();
+        let query = groups_query(&pairs(&[
+            ("after", &cursor),
+            ("limit", "1000"),
+            ("topic", "orders"),
+            ("waiting", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(query.after, Some(GroupCursor(group())));
+        assert_eq!(query.limit, 1000);
+        assert_eq!(query.topic.unwrap().as_str(), "orders");
+        assert!(query.waiting);
+        assert_eq!(groups_refused_field(&[("after", "billing")]), "after");
+        assert_eq!(groups_refused_field(&[("limit", "0")]), "limit");
+        assert_eq!(groups_refused_field(&[("limit", "1001")]), "limit");
+        assert_eq!(groups_refused_field(&[("topic", "a/b")]), "topic");
+        assert_eq!(groups_refused_field(&[("waiting", "yes")]), "waiting");
+        assert_eq!(groups_refused_field(&[("page", "2")]), "page");
+    }
+
+    #[test]
+    fn the_member_parameters_are_read_and_bad_ones_named() {
+        let waiter = WaiterCursor {
+            declared_at_micros: 7,
+            declarer: "d".to_owned(),
+        };
+        let query = member_query(&pairs(&[
+            ("limit", "5"),
+            ("waiters_after", &waiter.encode()),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (query.limit, query.waiters_after),
+            (5, Some(waiter.clone()))
+        );
+        let refused = |items: &[(&str, &str)]| match member_query(&pairs(items)) {
+            Err(ApiError::InvalidParameter { field, .. }) => field,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        // A waiter cursor is not an instance cursor.
+        assert_eq!(
+            refused(&[("instances_after", &waiter.encode())]),
+            "instances_after"
+        );
+        assert_eq!(refused(&[("waiters_after", "x")]), "waiters_after");
+        assert_eq!(refused(&[("limit", "-1")]), "limit");
+        assert_eq!(refused(&[("after", "x")]), "after");
     }
 
     #[test]

@@ -105,8 +105,10 @@ impl GroupDetail {
 /// The body of `GET /api/v1/groups`.
 #[derive(Debug, Serialize)]
 pub struct GroupList {
-    /// Every declared group, by name.
+    /// One page of the declared groups, by name.
     pub groups: Vec<GroupDetail>,
+    /// Pass as `after` for the next page; `None` when no group follows.
+    pub next_after: Option<String>,
 }
 
 /// The body of `GET /api/v1/topics`.
@@ -205,7 +207,9 @@ mod tests {
                 previous: None,
             },
             waiters: Vec::new(),
+            waiters_next_after: None,
             instances: Vec::new(),
+            instances_next_after: None,
         }
     }
 

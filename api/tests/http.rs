@@ -313,7 +313,10 @@ async fn listing(store: Store) {
     let app = App::over(&store).await;
 
     let (status, body) = app.get("/api/v1/groups").await;
-    assert_eq!((status, body), (200, json!({ "groups": [] })));
+    assert_eq!(
+        (status, body),
+        (200, json!({ "groups": [], "next_after": null }))
+    );
 
     let installed = register(
         &store,

@@ -12,9 +12,12 @@ use rusqlite::{params, Transaction};
 use sqlx::PgConnection;
 use wharf_domain::declaration::AGGREGATE_TYPE;
 use wharf_domain::{Attempt, BindingSet, DeclarationEvent};
+use wharf_store::projector::{PgReplay, SqliteReplay};
 use wharf_store::{
     CteStatement, EventRef, PgProjector, RecordedEvent, SqliteProjector, StoreError,
 };
+
+use crate::replay::{AttemptsFold, EffectiveFold};
 
 /// Decodes a declaration event, or `None` for events of other aggregates.
 fn declaration(event: &EventRef<'_>) -> Result<Option<DeclarationEvent>, StoreError> {
@@ -44,6 +47,10 @@ impl SqliteProjector for EffectiveBindings {
 
     fn tables(&self) -> &'static [&'static str] {
         Self::TABLES
+    }
+
+    fn replay(&self) -> Option<Box<dyn SqliteReplay>> {
+        Some(Box::<EffectiveFold>::default())
     }
 
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
@@ -150,6 +157,10 @@ impl PgProjector for EffectiveBindings {
         Self::TABLES
     }
 
+    fn replay(&self) -> Option<Box<dyn PgReplay>> {
+        Some(Box::<EffectiveFold>::default())
+    }
+
     async fn apply(
         &self,
         conn: &mut PgConnection,
@@ -211,6 +222,10 @@ impl SqliteProjector for DeclarerAttempts {
         Self::TABLES
     }
 
+    fn replay(&self) -> Option<Box<dyn SqliteReplay>> {
+        Some(Box::<AttemptsFold>::default())
+    }
+
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
         let Some(declared) = declaration(&event.as_ref())? else {
             return Ok(());
@@ -259,6 +274,10 @@ impl PgProjector for DeclarerAttempts {
 
     fn tables(&self) -> &'static [&'static str] {
         Self::TABLES
+    }
+
+    fn replay(&self) -> Option<Box<dyn PgReplay>> {
+        Some(Box::<AttemptsFold>::default())
     }
 
     async fn apply(

@@ -12,31 +12,40 @@
 //! here decides anything or appends an event.
 
 pub mod audit;
+pub mod cursor;
 pub mod declaration;
 pub mod error;
 mod fused;
+pub mod listing;
 pub mod prune;
-mod rows;
+pub mod replay;
+pub mod rows;
 pub mod session;
 pub mod session_views;
 pub mod views;
 
 use std::sync::Arc;
 
+use listing::{MemberKeys, MAX_PAGE};
 use wharf_domain::GroupName;
 use wharf_store::{
     PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store, StoreError,
 };
 
 pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
+pub use cursor::{GroupCursor, InstanceCursor, WaiterCursor};
 pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
+pub use listing::{GroupPage, GroupQuery, MemberQuery};
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
 pub use session_views::{
     managed_sessions, session_history, ManagedFilterView, ManagedSessionView, SessionHistoryEntry,
 };
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
+
+/// The member page of reads that list every waiter and instance.
+const MEMBERS_ALL: u32 = u32::MAX - 1;
 
 /// How many events a catch-up transaction applies at most.
 const CATCH_UP_BATCH: i64 = 500;
@@ -131,10 +140,13 @@ impl ReadModel {
     /// listing, which catches up first), a value above zero means the projector cannot keep up
     /// or fails.
     pub async fn projection_lag(&self) -> Result<Vec<ProjectionLag>, StoreError> {
+        // Bounded on both ends (checkpoint, head): an index range whatever the plan.
         const SQLITE_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
-               (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0)";
+               (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0) \
+               AND position <= (SELECT MAX(position) FROM events)";
         const PG_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
-               (SELECT position FROM projection_checkpoint WHERE projector = $1), 0)";
+               (SELECT position FROM projection_checkpoint WHERE projector = $1), 0) \
+               AND position <= (SELECT MAX(position) FROM events)";
         let mut lags = Vec::new();
         match &self.store {
             Store::Sqlite(s) => {
@@ -158,6 +170,7 @@ impl ReadModel {
                     let name = projector.name();
                     let behind: i64 = sqlx::query_scalar(PG_BEHIND)
                         .bind(name)
+                        .persistent(false)
                         .fetch_one(s.pool())
                         .await?;
                     lags.push(ProjectionLag {
@@ -170,53 +183,106 @@ impl ReadModel {
         Ok(lags)
     }
 
-    /// Every declared group with its effective set, open waiters and instances. Catches up
-    /// first, so a caller reads its own writes.
+    /// Every declared group with all its open waiters and instances, by name. Catches up
+    /// first, so a caller reads its own writes. Reads page by page (see
+    /// [`groups_page`](Self::groups_page)); a caller serving clients should page instead.
     pub async fn groups(&self) -> Result<Vec<GroupView>, ProjectionError> {
         self.catch_up().await?;
-        self.assemble(None).await
+        let mut all = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page = rows::PageKeys {
+                after,
+                fetch: i64::from(MAX_PAGE) + 1,
+                topic: None,
+                waiting: false,
+            };
+            let page = self.read_page(page, MEMBERS_ALL).await?;
+            all.extend(page.groups);
+            if page.next_after.is_none() {
+                return Ok(all);
+            }
+            after = all.last().map(|g| g.group.clone()).unwrap_or_default();
+        }
     }
 
-    /// One group, or `None` when it was never declared.
+    /// One page of the group listing: groups by name after the cursor, filtered, each with
+    /// the first page of its waiters and instances (see [`listing`]). Catches up first.
+    pub async fn groups_page(&self, query: &GroupQuery) -> Result<GroupPage, ProjectionError> {
+        query.validate()?;
+        self.catch_up().await?;
+        let page = rows::PageKeys {
+            after: query
+                .after
+                .as_ref()
+                .map_or(String::new(), |c| c.0.to_string()),
+            fetch: i64::from(query.limit) + 1,
+            topic: query.topic.as_ref().map(ToString::to_string),
+            waiting: query.waiting,
+        };
+        self.read_page(page, query.members).await
+    }
+
+    async fn read_page(
+        &self,
+        page: rows::PageKeys,
+        members: u32,
+    ) -> Result<GroupPage, ProjectionError> {
+        let limit = (page.fetch - 1) as u32;
+        let keys = MemberKeys::first(members);
+        let rows = match &self.store {
+            Store::Sqlite(s) => rows::sqlite_page(s, page, keys).await?,
+            Store::Postgres(s) => rows::pg_page(s, page, keys).await?,
+        };
+        let now = self.store.now().await?;
+        Ok(listing::page(rows, limit, members, now, self.instance_ttl))
+    }
+
+    /// One group with all its waiters and instances, or `None` when it was never declared.
     pub async fn group(&self, group: &GroupName) -> Result<Option<GroupView>, ProjectionError> {
         self.catch_up().await?;
-        Ok(self
-            .assemble(Some(group.to_string()))
-            .await?
-            .into_iter()
-            .next())
+        self.read_group(group, MemberKeys::first(MEMBERS_ALL), MEMBERS_ALL)
+            .await
     }
 
-    async fn assemble(&self, group: Option<String>) -> Result<Vec<GroupView>, ProjectionError> {
-        let (effective, waiting) = match &self.store {
-            Store::Sqlite(s) => (
-                rows::sqlite_effective(s, group.clone()).await?,
-                rows::sqlite_waiting(s, group.clone()).await?,
-            ),
-            Store::Postgres(s) => (
-                rows::pg_effective(s, group.clone()).await?,
-                rows::pg_waiting(s, group.clone()).await?,
-            ),
+    /// One group with a page of its waiters and a page of its instances (each from its own
+    /// cursor), or `None` when it was never declared. Catches up first.
+    pub async fn group_members(
+        &self,
+        group: &GroupName,
+        query: &MemberQuery,
+    ) -> Result<Option<GroupView>, ProjectionError> {
+        query.validate()?;
+        self.catch_up().await?;
+        self.read_group(group, MemberKeys::new(query), query.limit)
+            .await
+    }
+
+    async fn read_group(
+        &self,
+        group: &GroupName,
+        keys: MemberKeys,
+        members: u32,
+    ) -> Result<Option<GroupView>, ProjectionError> {
+        let group = group.to_string();
+        let rows = match &self.store {
+            Store::Sqlite(s) => rows::sqlite_group(s, group, keys).await?,
+            Store::Postgres(s) => rows::pg_group(s, group, keys).await?,
         };
-        let instances = self.store.instances(group).await?;
         let now = self.store.now().await?;
-        Ok(views::assemble(
-            effective,
-            waiting,
-            instances,
-            now,
-            self.instance_ttl,
-        ))
+        Ok(listing::page(rows, 1, members, now, self.instance_ttl)
+            .groups
+            .into_iter()
+            .next())
     }
 
     /// True when the group has an effective declaration. One read of the inline projection,
     /// which is always current: no catch-up, no view assembled.
     pub async fn is_declared(&self, group: &GroupName) -> Result<bool, StoreError> {
-        let rows = match &self.store {
-            Store::Sqlite(s) => rows::sqlite_effective(s, Some(group.to_string())).await?,
-            Store::Postgres(s) => rows::pg_effective(s, Some(group.to_string())).await?,
-        };
-        Ok(!rows.is_empty())
+        match &self.store {
+            Store::Sqlite(s) => rows::sqlite_is_declared(s, group.to_string()).await,
+            Store::Postgres(s) => rows::pg_is_declared(s, group.to_string()).await,
+        }
     }
 
     /// The group's effective binding rows, as claims read them (empty = whole topic).

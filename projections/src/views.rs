@@ -4,6 +4,8 @@
 //! `declarer_attempt` rows (open waiters, resolved by set comparison against the effective set)
 //! and the worker-instance heartbeats (live by the store's clock).
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use wharf_store::InstanceRecord;
@@ -17,10 +19,16 @@ pub struct GroupView {
     pub topic: String,
     /// The effective declaration (newest installed).
     pub effective: EffectiveView,
-    /// Attempts blocked on a live incumbent's different set.
+    /// Attempts blocked on a live incumbent's different set, by when they first stated their
+    /// set (then declarer): one page.
     pub waiters: Vec<WaiterView>,
-    /// Recorded instances, live or not.
+    /// The cursor of the waiters after this page (`waiters_after`); `None` when none follow.
+    pub waiters_next_after: Option<String>,
+    /// Recorded instances, live or not, by declarer: one page.
     pub instances: Vec<InstanceView>,
+    /// The cursor of the instances after this page (`instances_after`); `None` when none
+    /// follow.
+    pub instances_next_after: Option<String>,
 }
 
 /// A group's effective declaration.
@@ -115,7 +123,8 @@ fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
 }
 
-/// Builds the views from rows read at `now` with instance TTL `ttl`.
+/// Builds the views from rows read at `now` with instance TTL `ttl`. The waiting rows are
+/// open waits already (their set differs from the effective one); each list keeps its order.
 pub(crate) fn assemble(
     effective: Vec<EffectiveRow>,
     waiting: Vec<WaitingRow>,
@@ -123,52 +132,50 @@ pub(crate) fn assemble(
     now: DateTime<Utc>,
     ttl: chrono::Duration,
 ) -> Vec<GroupView> {
+    let mut waiters_of: HashMap<String, Vec<WaiterView>> = HashMap::new();
+    for w in waiting {
+        waiters_of.entry(w.group).or_default().push(WaiterView {
+            waiting_seconds: seconds_between(w.declared_at, now),
+            silent_seconds: seconds_between(w.attempt_at, now),
+            declarer: w.declarer,
+            version: w.version,
+            patterns: w.patterns,
+            incumbent: w.incumbent,
+            declared_at: w.declared_at,
+            last_attempt_at: w.attempt_at,
+        });
+    }
+    let mut instances_of: HashMap<String, Vec<InstanceView>> = HashMap::new();
+    for i in instances {
+        instances_of.entry(i.group).or_default().push(InstanceView {
+            live: i.heartbeat_at > now - ttl,
+            declarer: i.declarer,
+            version: i.version,
+            patterns: i.patterns,
+            started_at: i.started_at,
+            heartbeat_at: i.heartbeat_at,
+        });
+    }
     effective
         .into_iter()
-        .map(|row| {
-            let waiters = waiting
-                .iter()
-                .filter(|w| w.group == row.group && w.patterns != row.patterns)
-                .map(|w| WaiterView {
-                    declarer: w.declarer.clone(),
-                    version: w.version.clone(),
-                    patterns: w.patterns.clone(),
-                    incumbent: w.incumbent.clone(),
-                    declared_at: w.declared_at,
-                    last_attempt_at: w.attempt_at,
-                    waiting_seconds: seconds_between(w.declared_at, now),
-                    silent_seconds: seconds_between(w.attempt_at, now),
-                })
-                .collect();
-            let instances = instances
-                .iter()
-                .filter(|i| i.group == row.group)
-                .map(|i| InstanceView {
-                    declarer: i.declarer.clone(),
-                    version: i.version.clone(),
-                    patterns: i.patterns.clone(),
-                    started_at: i.started_at,
-                    heartbeat_at: i.heartbeat_at,
-                    live: i.heartbeat_at > now - ttl,
-                })
-                .collect();
-            GroupView {
-                effective: EffectiveView {
-                    whole_topic: row.patterns.is_empty(),
-                    patterns: row.patterns,
-                    declarer: row.declarer,
-                    version: row.version,
-                    declared_at: row.declared_at,
-                    installed_at: row.attempt_at,
-                    position: row.position,
-                    installs: row.installs,
-                    previous: row.previous,
-                },
-                group: row.group,
-                topic: row.topic,
-                waiters,
-                instances,
-            }
+        .map(|row| GroupView {
+            waiters: waiters_of.remove(&row.group).unwrap_or_default(),
+            waiters_next_after: None,
+            instances: instances_of.remove(&row.group).unwrap_or_default(),
+            instances_next_after: None,
+            effective: EffectiveView {
+                whole_topic: row.patterns.is_empty(),
+                patterns: row.patterns,
+                declarer: row.declarer,
+                version: row.version,
+                declared_at: row.declared_at,
+                installed_at: row.attempt_at,
+                position: row.position,
+                installs: row.installs,
+                previous: row.previous,
+            },
+            group: row.group,
+            topic: row.topic,
         })
         .collect()
 }

@@ -402,6 +402,19 @@ impl Queue {
         }
     }
 
+    /// Queue figures of the groups named (a listing page), by name; each read by its key, so
+    /// the cost follows the page, not the number of groups.
+    pub async fn group_stats_of(
+        &self,
+        groups: &[GroupName],
+    ) -> Result<Vec<GroupQueueStats>, QueueError> {
+        let names: Vec<String> = groups.iter().map(ToString::to_string).collect();
+        match &self.store {
+            Store::Sqlite(s) => sqlite::group_stats_of(s, names).await,
+            Store::Postgres(s) => postgres::group_stats_of(s, &names).await,
+        }
+    }
+
     /// One retention pass: deletes what every group is done with, and what is older than
     /// `retention` and not needed by a live group (instance heartbeat fresher than
     /// `instance_ttl`), in batches of `batch` rows.

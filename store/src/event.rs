@@ -60,8 +60,8 @@ pub struct RecordedEvent {
 impl RecordedEvent {
     /// Deserializes the payload into a domain event type.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        serde_json::from_value(self.payload.clone())
-            .map_err(|e| StoreError::decode(self.position, e))
+        // Deserialized from the borrowed tree: no copy of the payload.
+        T::deserialize(&self.payload).map_err(|e| StoreError::decode(self.position, e))
     }
 
     /// The event as a projector sees it.
@@ -97,7 +97,7 @@ pub struct EventRef<'a> {
 impl EventRef<'_> {
     /// Deserializes the payload into a domain event type.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        serde_json::from_value(self.payload.clone()).map_err(|e| {
+        T::deserialize(self.payload).map_err(|e| {
             let at = format!(
                 "{}/{}#{}",
                 self.aggregate_type, self.aggregate_id, self.sequence

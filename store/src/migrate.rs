@@ -34,6 +34,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(3, "sqlite", "0003_message_log.sql"),
     migration!(4, "sqlite", "0004_swap_applies.sql"),
     migration!(5, "sqlite", "0005_managed_sessions.sql"),
+    migration!(6, "sqlite", "0006_listing_indexes.sql"),
 ];
 
 /// The Postgres scripts.
@@ -45,6 +46,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(5, "postgres", "0005_claim_floor.sql"),
     migration!(6, "postgres", "0006_swap_applies.sql"),
     migration!(7, "postgres", "0007_managed_sessions.sql"),
+    migration!(8, "postgres", "0008_listing_indexes.sql"),
 ];
 
 /// The schema version this build needs.

@@ -3,7 +3,13 @@
 //! readers keep seeing the old rows until the rebuilt ones commit in one step.
 //! `Verify` rebuilds the same way, compares against the live rows, and rolls back.
 
+use std::any::Any;
 use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::StoreError;
+use crate::event::RecordedEvent;
 
 /// Whether a rebuild replaces the live projections or only compares against them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,10 +54,98 @@ impl RebuildReport {
     }
 }
 
-/// How many events a replay reads per page.
-pub(crate) const REPLAY_PAGE: i64 = 1_000;
+/// How many positions a rebuild reads per page (a bounded range of the position index).
+pub(crate) const REBUILD_PAGE: i64 = 10_000;
 
 /// The name of the snapshot copy of `table` used by Verify.
 pub(crate) fn snapshot_table(table: &str) -> String {
     format!("wharf_verify_{table}")
+}
+
+/// An event as a set-based replay sees it: the payload is the JSON text the ledger holds,
+/// unparsed, so a projector decodes it once, straight into its own type.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayEvent<'a> {
+    /// The global position.
+    pub position: i64,
+    /// The aggregate's type.
+    pub aggregate_type: &'a str,
+    /// The aggregate's id.
+    pub aggregate_id: &'a str,
+    /// Per-aggregate sequence.
+    pub sequence: i64,
+    /// The event's type name.
+    pub event_type: &'a str,
+    /// The event body, as JSON text.
+    pub payload: &'a str,
+}
+
+/// Scratch shared by the replays folding one event: the first to decode the payload leaves
+/// its decoded form here, and a later one that wants the same type takes it instead of
+/// decoding again. The store never looks inside.
+#[derive(Default)]
+pub struct Decoded(Option<Box<dyn Any + Send>>);
+
+impl Decoded {
+    /// The decoded `T`, from the scratch when an earlier replay left one, else from `decode`
+    /// (which then replaces whatever the scratch held).
+    pub fn get_or_decode<T, F>(&mut self, decode: F) -> Result<&T, StoreError>
+    where
+        T: Any + Send,
+        F: FnOnce() -> Result<T, StoreError>,
+    {
+        let held = self.0.as_ref().is_some_and(|b| b.is::<T>());
+        if !held {
+            self.0 = Some(Box::new(decode()?));
+        }
+        self.0
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<T>())
+            .ok_or_else(|| StoreError::Task("replay scratch lost its value".to_owned()))
+    }
+}
+
+/// An event row as a rebuild reads it: every column, the JSON as text.
+pub(crate) struct RawRow {
+    pub position: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub event_type: String,
+    pub event_version: String,
+    pub payload: String,
+    pub metadata: String,
+    pub recorded_at: DateTime<Utc>,
+}
+
+impl RawRow {
+    /// The row as a set-based replay sees it.
+    pub fn replay(&self) -> ReplayEvent<'_> {
+        ReplayEvent {
+            position: self.position,
+            aggregate_type: &self.aggregate_type,
+            aggregate_id: &self.aggregate_id,
+            sequence: self.sequence,
+            event_type: &self.event_type,
+            payload: &self.payload,
+        }
+    }
+
+    /// The row as a projector's `apply` sees it (its JSON parsed).
+    pub fn recorded(&self) -> Result<RecordedEvent, StoreError> {
+        let parse = |text: &str| {
+            serde_json::from_str(text).map_err(|e| StoreError::decode(self.position, e))
+        };
+        Ok(RecordedEvent {
+            position: self.position,
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            sequence: self.sequence,
+            event_type: self.event_type.clone(),
+            event_version: self.event_version.clone(),
+            payload: parse(&self.payload)?,
+            metadata: parse(&self.metadata)?,
+            recorded_at: self.recorded_at,
+        })
+    }
 }

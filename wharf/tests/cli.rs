@@ -573,7 +573,11 @@ async fn migrate_applies_once_then_is_up_to_date(backend: Backend) {
     assert_eq!(second.success().trim(), "schema is up to date", "{second}");
     // The migrated store is usable at once.
     let groups = store.run(&["groups", "--json"]).await;
-    assert_eq!(groups.json(), serde_json::json!([]), "{groups}");
+    assert_eq!(
+        groups.json(),
+        serde_json::json!({ "groups": [], "next_after": null }),
+        "{groups}"
+    );
 }
 
 on_both_backends!(migrate_applies_once_then_is_up_to_date);
@@ -800,7 +804,8 @@ async fn audit_declarations_pages_and_filters(backend: Backend) {
 
 on_both_backends!(audit_declarations_pages_and_filters);
 
-fn find_group<'a>(groups: &'a Value, name: &str) -> &'a Value {
+fn find_group<'a>(page: &'a Value, name: &str) -> &'a Value {
+    let groups = page.get("groups").unwrap_or(page);
     groups
         .as_array()
         .unwrap_or_else(|| panic!("a list of groups: {groups:#}"))
@@ -850,7 +855,7 @@ async fn groups_lists_effective_sets_and_waiters(backend: Backend) {
     );
 
     let json = store.run(&["groups", "--json"]).await.json();
-    assert_eq!(json.as_array().map(Vec::len), Some(2), "{json:#}");
+    assert_eq!(json["groups"].as_array().map(Vec::len), Some(2), "{json:#}");
     let billing = find_group(&json, "billing");
     assert_eq!(billing["topic"], "orders");
     assert_eq!(
@@ -889,6 +894,67 @@ async fn groups_lists_effective_sets_and_waiters(backend: Backend) {
 
 on_both_backends!(groups_lists_effective_sets_and_waiters);
 
+/// `groups` pages like the API: `--limit`, `--after` (the cursor the previous page printed),
+/// `--topic`, `--waiting`; a bad cursor or limit names its flag.
+async fn groups_pages_with_a_cursor_and_filters(backend: Backend) {
+    let Some(store) = seeded(backend).await else {
+        return;
+    };
+    let first = store.run(&["groups", "--limit", "1"]).await;
+    let text = first.success();
+    assert!(text.starts_with("billing "), "{first}");
+    let cursor = text
+        .lines()
+        .find_map(|l| l.strip_prefix("(more: --after ")?.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no cursor printed: {first}"))
+        .to_owned();
+    let second = store
+        .run(&["groups", "--limit", "1", "--after", &cursor])
+        .await;
+    let text = second.success();
+    assert!(text.starts_with("shipping "), "{second}");
+    assert!(
+        !text.contains("(more:"),
+        "the last page names no cursor: {second}"
+    );
+
+    let page = store
+        .run(&["groups", "--limit", "1", "--json"])
+        .await
+        .json();
+    assert_eq!(page["next_after"], Value::from(cursor.as_str()), "{page:#}");
+    let waiting = store.run(&["groups", "--waiting", "--json"]).await.json();
+    let names: Vec<&str> = waiting["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["billing"], "{waiting:#}");
+    let other_topic = store
+        .run(&["groups", "--topic", "parcels", "--json"])
+        .await
+        .json();
+    assert_eq!(
+        other_topic["groups"],
+        serde_json::json!([]),
+        "{other_topic:#}"
+    );
+
+    let refused = store.run(&["groups", "--after", "billing"]).await;
+    let stderr = refused.failure();
+    assert!(
+        stderr.contains("--after") && stderr.contains("billing"),
+        "{refused}"
+    );
+    let refused = store.run(&["groups", "--limit", "0"]).await;
+    assert!(refused.failure().contains("--limit"), "{refused}");
+    let refused = store.run(&["groups", "--topic", "a/b"]).await;
+    assert!(refused.failure().contains("--topic"), "{refused}");
+}
+
+on_both_backends!(groups_pages_with_a_cursor_and_filters);
+
 // ---------------------------------------------------------------------------------------------
 // projections rebuild
 // ---------------------------------------------------------------------------------------------
@@ -896,7 +962,7 @@ on_both_backends!(groups_lists_effective_sets_and_waiters);
 /// Each group's effective `installs` counter, from `groups --json`.
 async fn installs(store: &TestStore) -> Vec<(String, i64)> {
     let json = store.run(&["groups", "--json"]).await.json();
-    let mut counts: Vec<(String, i64)> = json
+    let mut counts: Vec<(String, i64)> = json["groups"]
         .as_array()
         .unwrap()
         .iter()

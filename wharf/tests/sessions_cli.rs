@@ -169,6 +169,16 @@ async fn seeding_is_explicit_and_idempotent(backend: Backend) {
     assert_eq!(listed[0]["history"], 4);
     assert_eq!(listed[0]["pending_removal"].as_array().unwrap().len(), 4);
 
+    // The session projection is derived data: a replay reproduces it exactly.
+    let verified = store.run(&["projections", "rebuild", "--verify"]).await;
+    verified.success();
+    store.run(&["projections", "rebuild"]).await.success();
+    assert_eq!(
+        list_json(&store).await,
+        listed,
+        "a rebuild reproduces the sessions"
+    );
+
     // The audit shows who seeded what, in ledger order; the idempotent repeats wrote nothing.
     let audit = audit_entries(&store).await;
     let events: Vec<&str> = audit.iter().map(|e| e["event"].as_str().unwrap()).collect();

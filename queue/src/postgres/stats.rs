@@ -35,13 +35,9 @@ type GroupRow = (
     i64,
 );
 
-/// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
-/// age of its oldest unacked message.
-pub(crate) async fn group_stats(
-    store: &PgStore,
-    group: Option<&str>,
-) -> Result<Vec<GroupQueueStats>, QueueError> {
-    let rows: Vec<GroupRow> = sqlx::query_as(
+/// The figures of the groups a `WHERE` clause picks (`$1`), by name.
+fn group_stats_sql(filter: &str) -> String {
+    format!(
         "WITH clock AS (SELECT clock_timestamp() AS now) \
          SELECT g.group_name, g.topic, g.routed_position, \
            COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
@@ -58,11 +54,44 @@ pub(crate) async fn group_stats(
            clock.now, \
            (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
            GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
-         FROM consumer_group g, clock WHERE $1::text IS NULL OR g.group_name = $1 ORDER BY g.group_name",
+         FROM consumer_group g, clock {filter} ORDER BY g.group_name"
     )
-    .bind(group)
-    .fetch_all(store.pool())
-    .await?;
+}
+
+/// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
+/// age of its oldest unacked message; of one group, or of the groups named (a listing page:
+/// their rows only, by key).
+pub(crate) async fn group_stats(
+    store: &PgStore,
+    group: Option<&str>,
+) -> Result<Vec<GroupQueueStats>, QueueError> {
+    match group {
+        Some(group) => group_stats_of(store, &[group.to_owned()]).await,
+        None => stats_rows(store, &group_stats_sql(""), None).await,
+    }
+}
+
+/// The figures of the groups named, by name (a group without a queue row is left out).
+pub(crate) async fn group_stats_of(
+    store: &PgStore,
+    groups: &[String],
+) -> Result<Vec<GroupQueueStats>, QueueError> {
+    let sql = group_stats_sql("WHERE g.group_name = ANY($1::text[])");
+    stats_rows(store, &sql, Some(groups)).await
+}
+
+async fn stats_rows(
+    store: &PgStore,
+    sql: &str,
+    groups: Option<&[String]>,
+) -> Result<Vec<GroupQueueStats>, QueueError> {
+    let mut query = sqlx::query_as::<_, GroupRow>(sql);
+    if let Some(groups) = groups {
+        query = query.bind(groups);
+    }
+    // Planned on every call: a plan cached while `delivery` was empty would count by a
+    // sequential scan of it forever.
+    let rows: Vec<GroupRow> = query.persistent(false).fetch_all(store.pool()).await?;
     Ok(rows
         .into_iter()
         .map(

@@ -147,54 +147,89 @@ pub(crate) async fn topic_stats(store: &SqliteStore) -> Result<Vec<TopicStats>, 
         .await?)
 }
 
+/// The queue figures of the groups a `WHERE` clause picks (`?1`; `?2` is the time), by name.
+fn group_stats_sql(filter: &str) -> String {
+    format!(
+        "SELECT g.group_name, g.topic, g.routed_position, \
+           COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name AND d.visible_at <= ?2), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
+              AND d.visible_at > ?2 AND d.claim_token IS NOT NULL), \
+           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
+              AND d.visible_at > ?2 AND d.claim_token IS NULL), \
+           (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
+           (SELECT m.published_at FROM delivery d JOIN message m \
+              ON m.topic = d.topic AND m.position = d.position \
+              WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
+           (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
+           MAX(g.rescan_until - g.rescan_position + 1, 0) \
+         FROM consumer_group g WHERE {filter} ORDER BY g.group_name"
+    )
+}
+
+fn stats_row(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<GroupQueueStats> {
+    let routed: i64 = row.get(2)?;
+    let head: i64 = row.get(3)?;
+    let oldest: Option<i64> = row.get(8)?;
+    Ok(GroupQueueStats {
+        group: row.get(0)?,
+        topic: row.get(1)?,
+        routed_position: routed,
+        routed_lag: (head - routed).max(0),
+        claimable: row.get(4)?,
+        in_flight: row.get(5)?,
+        backing_off: row.get(6)?,
+        dead_letters: row.get(7)?,
+        oldest_unacked_seconds: oldest
+            .map(|at| (now - from_micros(at).timestamp_micros()) as f64 / 1e6),
+        set_aside: row.get(9)?,
+        rescan_remaining: row.get(10)?,
+    })
+}
+
 /// Queue figures of every group, or of one.
 pub(crate) async fn group_stats(
     store: &SqliteStore,
     group: Option<String>,
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
+    match group {
+        Some(group) => group_stats_of(store, vec![group]).await,
+        None => {
+            let now = store.now().await?.timestamp_micros();
+            Ok(store
+                .read(move |conn| {
+                    let mut stmt = conn.prepare_cached(&group_stats_sql("?1 IS NULL"))?;
+                    let rows = stmt
+                        .query_map(params![None::<String>, now], |row| stats_row(row, now))?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    Ok(rows)
+                })
+                .await?)
+        }
+    }
+}
+
+/// Queue figures of the groups named, by name, one keyed read each (a group without a queue
+/// row is left out).
+pub(crate) async fn group_stats_of(
+    store: &SqliteStore,
+    groups: Vec<String>,
+) -> Result<Vec<GroupQueueStats>, QueueError> {
     let now = store.now().await?.timestamp_micros();
-    Ok(store
+    let mut found = store
         .read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT g.group_name, g.topic, g.routed_position, \
-                   COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
-                   (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name AND d.visible_at <= ?2), \
-                   (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-                      AND d.visible_at > ?2 AND d.claim_token IS NOT NULL), \
-                   (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-                      AND d.visible_at > ?2 AND d.claim_token IS NULL), \
-                   (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
-                   (SELECT m.published_at FROM delivery d JOIN message m \
-                      ON m.topic = d.topic AND m.position = d.position \
-                      WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
-                   (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
-                   MAX(g.rescan_until - g.rescan_position + 1, 0) \
-                 FROM consumer_group g WHERE ?1 IS NULL OR g.group_name = ?1 ORDER BY g.group_name",
-            )?;
-            let rows = stmt
-                .query_map(params![group, now], |row| {
-                    let routed: i64 = row.get(2)?;
-                    let head: i64 = row.get(3)?;
-                    let oldest: Option<i64> = row.get(8)?;
-                    Ok(GroupQueueStats {
-                        group: row.get(0)?,
-                        topic: row.get(1)?,
-                        routed_position: routed,
-                        routed_lag: (head - routed).max(0),
-                        claimable: row.get(4)?,
-                        in_flight: row.get(5)?,
-                        backing_off: row.get(6)?,
-                        dead_letters: row.get(7)?,
-                        oldest_unacked_seconds: oldest
-                            .map(|at| (now - from_micros(at).timestamp_micros()) as f64 / 1e6),
-                        set_aside: row.get(9)?,
-                        rescan_remaining: row.get(10)?,
-                    })
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(rows)
+            let mut stmt = conn.prepare_cached(&group_stats_sql("g.group_name = ?1"))?;
+            let mut found = Vec::with_capacity(groups.len());
+            for group in &groups {
+                for row in stmt.query_map(params![group, now], |row| stats_row(row, now))? {
+                    found.push(row?);
+                }
+            }
+            Ok(found)
         })
-        .await?)
+        .await?;
+    found.sort_by(|a, b| a.group.cmp(&b.group));
+    Ok(found)
 }
 
 /// The installs the group's routing applied, newest first.

@@ -23,7 +23,10 @@ use crate::error::StoreError;
 use crate::migrate;
 use crate::projector::PgProjector;
 
-pub use events::{append_in_tx, load_in_tx, lock_appends, read_after_in_tx};
+pub use events::{
+    append_in_tx, load_in_tx, lock_appends, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
+    EVENTS_IN_RANGE,
+};
 
 /// How a Postgres store connects.
 #[derive(Debug, Clone)]

@@ -9,6 +9,7 @@ use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, EventQuery, NewEvent, RecordedEvent};
 use crate::projector::SqliteProjector;
+use crate::rebuild::RawRow;
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -109,6 +110,54 @@ pub fn read_after_in_tx(
     ))?;
     let rows = stmt.query_map(params![position, limit], raw_event)?;
     rows.map(|row| row?.decode()).collect()
+}
+
+/// The catch-up check: the log's head (0 when empty) and the projector's checkpoint (0 when it
+/// never ran), `?1` the projector. Both are single index lookups (the rowid's end, the
+/// checkpoint's key), so the check costs the same at any ledger size.
+pub const CATCH_UP_CHECK: &str = "SELECT COALESCE((SELECT MAX(position) FROM events), 0), \
+     COALESCE((SELECT position FROM projection_checkpoint WHERE projector = ?1), 0)";
+
+/// The events of a bounded position range, `?1 < position <= ?2`, in position order (a range
+/// of the rowid).
+pub const EVENTS_IN_RANGE: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
+     event_type, event_version, payload, metadata, recorded_at FROM events \
+     WHERE position > ?1 AND position <= ?2 ORDER BY position";
+
+/// Reads the events with `after < position <= through`, in position (= commit) order.
+pub fn read_range_in_tx(
+    conn: &rusqlite::Connection,
+    after: i64,
+    through: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(EVENTS_IN_RANGE)?;
+    let rows = stmt.query_map(params![after, through], raw_event)?;
+    rows.map(|row| row?.decode()).collect()
+}
+
+/// Reads the rows with `after < position <= through` for a rebuild, JSON unparsed.
+pub(crate) fn read_raw_range_in_tx(
+    conn: &rusqlite::Connection,
+    after: i64,
+    through: i64,
+) -> Result<Vec<RawRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(EVENTS_IN_RANGE)?;
+    let rows = stmt.query_map(params![after, through], raw_event)?;
+    rows.map(|row| {
+        let raw = row?;
+        Ok(RawRow {
+            position: raw.position,
+            aggregate_type: raw.aggregate_type,
+            aggregate_id: raw.aggregate_id,
+            sequence: raw.sequence,
+            event_type: raw.event_type,
+            event_version: raw.event_version,
+            payload: raw.payload,
+            metadata: raw.metadata,
+            recorded_at: from_micros(raw.recorded_at),
+        })
+    })
+    .collect()
 }
 
 /// A row as read, before its JSON is parsed (so a bad payload is a decode error, not a panic).
@@ -281,40 +330,43 @@ impl SqliteStore {
         // A look on a reader connection first: with nothing new (the common case for reads
         // that catch up before they answer), the writer is not taken at all.
         let name = projector.name();
-        let behind = self
+        let (head, checkpoint) = self
             .read(move |conn| {
                 Ok(conn
-                    .prepare_cached(
-                        "SELECT EXISTS (SELECT 1 FROM events WHERE position > COALESCE( \
-                           (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0))",
-                    )?
-                    .query_row([name], |row| row.get::<_, bool>(0))?)
+                    .prepare_cached(CATCH_UP_CHECK)?
+                    .query_row([name], |row| {
+                        Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+                    })?)
             })
             .await?;
-        if !behind {
+        if head <= checkpoint {
             return Ok(0);
         }
+        // One writer: every position up to `head` is committed. Each batch covers at most
+        // `batch` positions (fewer events where the pruner left gaps).
         let mut applied = 0u64;
         loop {
             let projector = projector.clone();
-            let count = self
+            let step = self
                 .write(move |ctx| {
                     let from = checkpoint_in_tx(ctx.tx, projector.name())?;
-                    let events = read_after_in_tx(ctx.tx, from, batch)?;
+                    if from >= head {
+                        return Ok(None);
+                    }
+                    let through = head.min(from.saturating_add(batch.max(1)));
+                    let events = read_range_in_tx(ctx.tx, from, through)?;
                     for event in &events {
                         projector
                             .apply(ctx.tx, event)
                             .map_err(|e| StoreError::in_projector(projector.name(), e))?;
                     }
-                    if let Some(last) = events.last() {
-                        set_checkpoint_in_tx(ctx.tx, projector.name(), last.position)?;
-                    }
-                    Ok(events.len() as i64)
+                    set_checkpoint_in_tx(ctx.tx, projector.name(), through)?;
+                    Ok(Some(events.len() as u64))
                 })
                 .await?;
-            applied += count as u64;
-            if count < batch {
-                return Ok(applied);
+            match step {
+                Some(count) => applied += count,
+                None => return Ok(applied),
             }
         }
     }

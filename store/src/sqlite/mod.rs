@@ -23,7 +23,10 @@ use crate::event::from_micros;
 use crate::migrate;
 use crate::projector::SqliteProjector;
 
-pub use events::{append_in_tx, load_after_in_tx, load_in_tx, read_after_in_tx};
+pub use events::{
+    append_in_tx, load_after_in_tx, load_in_tx, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
+    EVENTS_IN_RANGE,
+};
 
 /// A Wharf store in one SQLite file.
 #[derive(Clone)]

@@ -2,16 +2,18 @@
 
 use std::sync::Arc;
 
-use super::events::{checkpoint_in_tx, read_after_in_tx, set_checkpoint_in_tx};
+use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx};
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::projector::SqliteProjector;
+use crate::projector::{SqliteProjector, SqliteReplay};
 use crate::rebuild::{
-    snapshot_table, Progress, RebuildMode, RebuildReport, TableDifference, REPLAY_PAGE,
+    snapshot_table, Decoded, Progress, RebuildMode, RebuildReport, TableDifference, REBUILD_PAGE,
 };
 
 impl SqliteStore {
     /// Rebuilds the inline projectors and the given catch-up projectors from the whole log.
+    /// Projectors with a set-based replay fold the log in memory and write their rows in bulk
+    /// at the end; the others apply event by event.
     pub async fn rebuild(
         &self,
         catch_up: Vec<Arc<dyn SqliteProjector>>,
@@ -20,11 +22,19 @@ impl SqliteStore {
     ) -> Result<RebuildReport, StoreError> {
         self.write_or_rollback(move |ctx| {
             let tx = ctx.tx;
-            // Live catch-up projections may lag the log; bring them to its head first so that
-            // Verify compares like with like. Nothing can append meanwhile: we hold the writer.
-            for projector in &catch_up {
-                let from = checkpoint_in_tx(tx, projector.name())?;
-                replay(tx, std::slice::from_ref(projector), from, &|_| {})?;
+            let head: i64 =
+                tx.query_row("SELECT COALESCE(MAX(position), 0) FROM events", [], |row| {
+                    row.get(0)
+                })?;
+            if mode == RebuildMode::Verify {
+                // Live catch-up projections may lag the log; bring them to its head first so
+                // that Verify compares like with like. Nothing can append meanwhile: we hold
+                // the writer.
+                for projector in &catch_up {
+                    let from = checkpoint_in_tx(tx, projector.name())?;
+                    let mut steps = vec![Step::Apply(projector.clone())];
+                    replay(tx, &mut steps, from, head, &|_| {})?;
+                }
             }
             let all: Vec<Arc<dyn SqliteProjector>> = ctx
                 .projectors
@@ -48,13 +58,17 @@ impl SqliteStore {
             for projector in &all {
                 projector.reset(tx)?;
             }
+            let mut steps: Vec<Step> = all.iter().map(Step::of).collect();
             let done = std::cell::Cell::new(0u64);
-            let last_position = replay(tx, &all, 0, &|n| {
+            replay(tx, &mut steps, 0, head, &|n| {
                 done.set(done.get() + n);
                 progress(done.get(), total as u64);
             })?;
+            for step in steps {
+                step.write(tx)?;
+            }
             for projector in &catch_up {
-                set_checkpoint_in_tx(tx, projector.name(), last_position)?;
+                set_checkpoint_in_tx(tx, projector.name(), head)?;
             }
             let differences = match mode {
                 RebuildMode::Apply => Vec::new(),
@@ -62,7 +76,7 @@ impl SqliteStore {
             };
             let report = RebuildReport {
                 events: total as u64,
-                last_position,
+                last_position: head,
                 differences,
                 applied: mode == RebuildMode::Apply,
             };
@@ -72,32 +86,71 @@ impl SqliteStore {
     }
 }
 
-/// Applies every event after `from` to `projectors`; returns the last position seen.
-fn replay(
-    tx: &rusqlite::Transaction<'_>,
-    projectors: &[Arc<dyn SqliteProjector>],
-    from: i64,
-    on_page: &dyn Fn(u64),
-) -> Result<i64, StoreError> {
-    let mut position = from;
-    loop {
-        let page = read_after_in_tx(tx, position, REPLAY_PAGE)?;
-        for event in &page {
-            for projector in projectors {
-                projector
-                    .apply(tx, event)
-                    .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-            }
-        }
-        let Some(last) = page.last() else {
-            return Ok(position);
-        };
-        position = last.position;
-        on_page(page.len() as u64);
-        if (page.len() as i64) < REPLAY_PAGE {
-            return Ok(position);
+/// How one projector takes part in a replay.
+enum Step {
+    /// Folded in memory, written at the end.
+    Fold(&'static str, Box<dyn SqliteReplay>),
+    /// Applied event by event.
+    Apply(Arc<dyn SqliteProjector>),
+}
+
+impl Step {
+    fn of(projector: &Arc<dyn SqliteProjector>) -> Self {
+        match projector.replay() {
+            Some(fold) => Self::Fold(projector.name(), fold),
+            None => Self::Apply(projector.clone()),
         }
     }
+
+    fn write(self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+        match self {
+            Self::Fold(name, fold) => fold
+                .write(tx)
+                .map_err(|e| StoreError::in_projector(name, e)),
+            Self::Apply(_) => Ok(()),
+        }
+    }
+}
+
+/// Replays the events with `after < position <= head` into `steps`, a bounded range of
+/// positions per read.
+fn replay(
+    tx: &rusqlite::Transaction<'_>,
+    steps: &mut [Step],
+    after: i64,
+    head: i64,
+    on_page: &dyn Fn(u64),
+) -> Result<(), StoreError> {
+    let mut from = after;
+    while from < head {
+        let through = head.min(from.saturating_add(REBUILD_PAGE));
+        let page = read_raw_range_in_tx(tx, from, through)?;
+        for row in &page {
+            let event = row.replay();
+            let mut decoded = Decoded::default();
+            let mut recorded = None;
+            for step in steps.iter_mut() {
+                match step {
+                    Step::Fold(name, fold) => fold
+                        .fold(&event, &mut decoded)
+                        .map_err(|e| StoreError::in_projector(name, e))?,
+                    Step::Apply(projector) => {
+                        if recorded.is_none() {
+                            recorded = Some(row.recorded()?);
+                        }
+                        if let Some(recorded) = &recorded {
+                            projector
+                                .apply(tx, recorded)
+                                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+                        }
+                    }
+                }
+            }
+        }
+        on_page(page.len() as u64);
+        from = through;
+    }
+    Ok(())
 }
 
 fn compare(

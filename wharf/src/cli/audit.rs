@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
-use wharf::domain::GroupName;
-use wharf::projections::{HistoryQuery, ReadModel};
+use wharf::domain::{GroupName, TopicName};
+use wharf::projections::{GroupCursor, GroupQuery, HistoryQuery, ReadModel};
 use wharf::Config;
 
 #[derive(Debug, Args)]
@@ -50,7 +50,19 @@ pub struct SwapsArgs {
 
 #[derive(Debug, Args)]
 pub struct GroupsArgs {
-    /// Print JSON instead of a table.
+    /// Groups per page (1 to 1000).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// Start after this cursor: the `next` a previous page printed (opaque).
+    #[arg(long)]
+    pub after: Option<String>,
+    /// Only groups consuming this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only groups with at least one open waiter.
+    #[arg(long)]
+    pub waiting: bool,
+    /// Print JSON instead of a table: `{"groups": [...], "next_after": CURSOR or null}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -150,26 +162,46 @@ pub async fn swaps(config: &Config, args: SwapsArgs) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
+/// One page of the listing; the cursor of the next page, when there is one, is printed last
+/// (`--after CURSOR`).
 pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCode> {
-    let groups = read_model(config).await?.groups().await?;
+    let query = GroupQuery {
+        after: args
+            .after
+            .as_deref()
+            .map(|raw| GroupCursor::decode("--after", raw))
+            .transpose()?,
+        limit: args.limit,
+        topic: args
+            .topic
+            .as_deref()
+            .map(|raw| TopicName::parse("--topic", raw))
+            .transpose()?,
+        waiting: args.waiting,
+        ..GroupQuery::default()
+    };
+    let page = read_model(config).await?.groups_page(&query).await?;
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&groups).context("encoding JSON")?
+            serde_json::to_string_pretty(&page).context("encoding JSON")?
         );
         return Ok(ExitCode::SUCCESS);
     }
-    for group in &groups {
+    for group in &page.groups {
         let live = group.instances.iter().filter(|i| i.live).count();
+        let more = |next: &Option<String>| if next.is_some() { "+" } else { "" };
         println!(
-            "{} (topic {}): {} — installed by {} at {}; {} live instance(s), {} waiter(s)",
+            "{} (topic {}): {} — installed by {} at {}; {}{} live instance(s), {}{} waiter(s)",
             group.group,
             group.topic,
             show_set(&group.effective.patterns),
             group.effective.declarer,
             group.effective.installed_at.to_rfc3339(),
             live,
-            group.waiters.len()
+            more(&group.instances_next_after),
+            group.waiters.len(),
+            more(&group.waiters_next_after),
         );
         for waiter in &group.waiters {
             println!(
@@ -180,6 +212,9 @@ pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCod
                 waiter.silent_seconds
             );
         }
+    }
+    if let Some(next) = &page.next_after {
+        println!("(more: --after {next})");
     }
     Ok(ExitCode::SUCCESS)
 }

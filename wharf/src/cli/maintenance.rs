@@ -2,8 +2,9 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
@@ -56,23 +57,14 @@ pub async fn rebuild(config: &Config, args: RebuildArgs) -> anyhow::Result<ExitC
     } else {
         RebuildMode::Apply
     };
-    let bar = progress_bar();
-    let progress: Progress = {
-        let bar = bar.clone();
-        Arc::new(move |done, total| {
-            if let Some(bar) = &bar {
-                bar.set_length(total);
-                bar.set_position(done);
-            }
-        })
-    };
-    let report = read.rebuild(mode, progress).await?;
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    let started = Instant::now();
+    let report = read.rebuild(mode, progress()).await?;
+    let seconds = started.elapsed().as_secs_f64();
     println!(
-        "replayed {} events (last position {})",
-        report.events, report.last_position
+        "replayed {} events (last position {}) in {seconds:.1} s ({:.0} events/s)",
+        report.events,
+        report.last_position,
+        report.events as f64 / seconds.max(1e-6)
     );
     if !args.verify {
         println!("projections rebuilt and swapped in");
@@ -93,15 +85,31 @@ pub async fn rebuild(config: &Config, args: RebuildArgs) -> anyhow::Result<ExitC
     Ok(ExitCode::FAILURE)
 }
 
-fn progress_bar() -> Option<ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
+/// On a terminal, a progress bar on stderr (events/s, ETA), cleared when done; otherwise a
+/// plain line on stderr at each tenth of the log, so a log or a supervisor sees it advance.
+fn progress() -> Progress {
+    if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(0);
+        let style =
+            ProgressStyle::with_template("{bar:40} {pos}/{len} events, {per_sec}, {eta} left")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        return Arc::new(move |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+            if done >= total {
+                bar.finish_and_clear();
+            }
+        });
     }
-    let bar = ProgressBar::new(0);
-    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} events ({eta} left)")
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    Some(bar)
+    let tenths = AtomicU64::new(0);
+    Arc::new(move |done, total| {
+        let tenth = (done * 10).checked_div(total).unwrap_or(10);
+        if tenth > tenths.load(Ordering::Relaxed) {
+            tenths.store(tenth, Ordering::Relaxed);
+            eprintln!("rebuild: {done}/{total} events replayed");
+        }
+    })
 }
 
 pub async fn prune(config: &Config, args: PruneArgs) -> anyhow::Result<ExitCode> {

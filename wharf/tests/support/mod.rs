@@ -111,12 +111,12 @@ pub enum Backend {
     Postgres,
 }
 
-fn pg_url() -> String {
+pub fn pg_url() -> String {
     std::env::var("WHARF_TEST_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-async fn pg_connect() -> Result<sqlx::PgConnection, sqlx::Error> {
+pub async fn pg_connect() -> Result<sqlx::PgConnection, sqlx::Error> {
     use sqlx::Connection;
     sqlx::PgConnection::connect(&pg_url()).await
 }
@@ -376,13 +376,23 @@ impl Running {
             .collect()
     }
 
-    /// Sends SIGKILL and waits for the exit: no shutdown path runs.
-    pub async fn kill(&mut self) {
-        self.child.start_kill().unwrap();
-        tokio::time::timeout(DEADLINE, self.child.wait())
-            .await
-            .expect("a killed child exits")
+    /// Sends SIGKILL (no chance to clean up, as a crash or an OOM kill) and waits for the exit;
+    /// returns the exit code (`None`: killed by the signal).
+    pub async fn kill(&mut self) -> Option<i32> {
+        let pid = self.child.id().expect("still running").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
             .unwrap();
+        assert!(status.success(), "kill -KILL {pid}");
+        let status = tokio::time::timeout(DEADLINE, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("no exit within {DEADLINE:?} of SIGKILL"))
+            .unwrap();
+        while let Ok(line) = self.lines.try_recv() {
+            self.file(line);
+        }
+        status.code()
     }
 
     /// The `listen=ADDRESS` of `serve`'s "wharf serving" line (waited for).

@@ -1,0 +1,298 @@
+//! Plans of the reads that serve a listing (ADR 0024), on tables with enough rows that a
+//! scan shows, with statistics taken while they were empty.
+//!
+//! - Postgres: every statement of the catch-up check, the catch-up batch, a page of groups (each
+//!   filter), one group and its member pages runs under `EXPLAIN (ANALYZE, BUFFERS, FORMAT
+//!   JSON)` with custom and with generic plans; none may scan `events` or a listing table
+//!   sequentially, and each touches a bounded number of buffers. The former catch-up check,
+//!   `EXISTS (... position > (subquery))`, is run too, and must be caught: the detector works.
+//! - SQLite: `EXPLAIN QUERY PLAN` of the same statements shows no `SCAN` of those tables.
+//!
+//! `SHOW_PLANS=1` prints the plan of every statement caught scanning.
+
+use serde_json::Value;
+use sqlx::postgres::PgArguments;
+use sqlx::Arguments;
+use wharf::store::Store;
+use wharf_projections::rows::{
+    one_sql, page_sql, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES, SQLITE_WAITERS,
+};
+use wharf_tests::{Backend, TestStore};
+
+const WATCHED: [&str; 4] = [
+    "events",
+    "effective_declaration",
+    "declarer_attempt",
+    "worker_instance",
+];
+const GROUPS: i64 = 20_000;
+const EVENTS: i64 = 200_000;
+/// What a keyed read of a few rows may touch.
+const KEYED: i64 = 100;
+/// What a page of 101 groups may touch: a few buffers per group, its filter's skipped rows
+/// within the page's index range included (a topic's groups without a waiter, read through a
+/// bitmap when the statistics are stale).
+const PAGE: i64 = 1_000;
+
+/// Every sequential scan of a watched table in a plan tree, and the root's buffers.
+fn scans(plan: &Value, found: &mut Vec<String>) {
+    let relation = plan["Relation Name"].as_str().unwrap_or_default();
+    if plan["Node Type"] == "Seq Scan" && WATCHED.contains(&relation) {
+        found.push(relation.to_owned());
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        scans(child, found);
+    }
+}
+
+fn buffers(plan: &Value) -> i64 {
+    plan["Shared Hit Blocks"].as_i64().unwrap_or(0)
+        + plan["Shared Read Blocks"].as_i64().unwrap_or(0)
+}
+
+/// Fills the tables the way a large store looks after statistics were taken on it empty.
+async fn large_store_with_stale_statistics(conn: &mut sqlx::PgConnection) {
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    for statement in [
+        format!(
+            "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, \
+             event_version, payload, metadata) SELECT 'bulk', 'b' || (i % 1000), i, 'Bulk', '1', \
+             '{{}}', '{{}}' FROM generate_series(1, {EVENTS}) i"
+        ),
+        format!(
+            "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+             previous, declared_at, attempt_at, position, installs) SELECT 'g' || lpad(i::text, 6, '0'), \
+             't' || (i % 50), 'd', '1', ARRAY['a/#'], NULL, now(), now(), i, 1 \
+             FROM generate_series(1, {GROUPS}) i"
+        ),
+        format!(
+            "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+             incumbent, declared_at, attempt_at, position) SELECT 'g' || lpad(i::text, 6, '0'), \
+             'w' || j, CASE WHEN j = 0 AND i % 100 = 7 THEN 'waiting' ELSE 'resolved' END, '1', \
+             ARRAY['b/#'], ARRAY['a/#'], now() + j * interval '1 s', now(), i * 10 + j \
+             FROM generate_series(1, {GROUPS}) i, generate_series(0, 4) j"
+        ),
+        format!(
+            "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
+             started_at, heartbeat_at) SELECT 'g' || lpad(i::text, 6, '0'), 'i' || j, 't', '1', \
+             ARRAY['a/#'], now(), now() FROM generate_series(1, {GROUPS}) i, generate_series(0, 2) j"
+        ),
+        "INSERT INTO projection_checkpoint (projector, position) \
+         SELECT 'declarer_attempts', MAX(position) FROM events"
+            .to_owned(),
+    ] {
+        sqlx::query(&statement).execute(&mut *conn).await.unwrap();
+    }
+}
+
+/// Runs `sql` with the arguments `args` makes under both plan modes; returns the watched
+/// tables it scanned sequentially, and checks that a plan that scans none touches at most
+/// `max_buffers` buffers. (A sequential scan of `events` here touches about 1,900.)
+async fn explain(
+    conn: &mut sqlx::PgConnection,
+    what: &str,
+    sql: &str,
+    max_buffers: i64,
+    args: impl Fn() -> PgArguments,
+) -> Vec<String> {
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let mut scanned = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let (plan,): (Value,) = sqlx::query_as_with(&explain, args())
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let root = &plan[0]["Plan"];
+        let mut found = Vec::new();
+        scans(root, &mut found);
+        if found.is_empty() {
+            assert!(
+                buffers(root) <= max_buffers,
+                "{what} ({mode}) touched {} buffers: {plan}",
+                buffers(root)
+            );
+        }
+        if !found.is_empty() && std::env::var("SHOW_PLANS").is_ok() {
+            println!("{what} ({mode}): {plan}");
+        }
+        scanned.extend(found.into_iter().map(|t| format!("{what} ({mode}): {t}")));
+    }
+    scanned
+}
+
+/// Arguments from values of one type each call site gives.
+macro_rules! args {
+    ($($value:expr),* $(,)?) => {
+        || {
+            let mut args = PgArguments::default();
+            $( args.add($value).unwrap(); )*
+            args
+        }
+    };
+}
+
+#[tokio::test]
+async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
+    let store = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(pg) = &store.store else {
+        unreachable!("a Postgres test store")
+    };
+    let mut conn = pg.pool().acquire().await.unwrap();
+    large_store_with_stale_statistics(&mut conn).await;
+    let head: i64 = sqlx::query_scalar("SELECT MAX(position) FROM events")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+
+    let old_check = "SELECT EXISTS (SELECT 1 FROM events WHERE position > COALESCE( \
+         (SELECT position FROM projection_checkpoint WHERE projector = $1), 0))";
+    let caught = explain(
+        &mut conn,
+        "the former check",
+        old_check,
+        i64::MAX,
+        args!["declarer_attempts"],
+    )
+    .await;
+    assert!(
+        caught.iter().any(|s| s.ends_with("events")),
+        "the detector must catch the former catch-up check's scan: {caught:?}"
+    );
+
+    let group = vec!["g010000".to_owned()];
+    let none_at: Option<chrono::DateTime<chrono::Utc>> = None;
+    let none_declarer: Option<String> = None;
+    let mut scanned = Vec::new();
+    scanned.extend(
+        explain(
+            &mut conn,
+            "catch-up check",
+            wharf::store::postgres::CATCH_UP_CHECK,
+            KEYED,
+            args!["declarer_attempts"],
+        )
+        .await,
+    );
+    scanned.extend(
+        explain(
+            &mut conn,
+            "catch-up batch",
+            wharf::store::postgres::EVENTS_IN_RANGE,
+            KEYED,
+            args![head - 500, head],
+        )
+        .await,
+    );
+    for (topic, waiting) in [(false, false), (false, true)] {
+        let what = format!("page waiting={waiting}");
+        let sql = page_sql('$', topic, waiting);
+        scanned.extend(explain(&mut conn, &what, &sql, PAGE, args!["g005000", 101_i64]).await);
+    }
+    for waiting in [false, true] {
+        let what = format!("page by topic waiting={waiting}");
+        let sql = page_sql('$', true, waiting);
+        scanned.extend(
+            explain(
+                &mut conn,
+                &what,
+                &sql,
+                PAGE,
+                args!["g005000", 101_i64, "t7"],
+            )
+            .await,
+        );
+    }
+    scanned.extend(
+        explain(
+            &mut conn,
+            "one group",
+            &one_sql('$'),
+            KEYED,
+            args!["g010000"],
+        )
+        .await,
+    );
+    scanned.extend(
+        explain(
+            &mut conn,
+            "waiters",
+            PG_WAITERS,
+            KEYED,
+            args![group.clone(), none_at, none_declarer.clone(), 101_i64],
+        )
+        .await,
+    );
+    scanned.extend(
+        explain(
+            &mut conn,
+            "instances",
+            PG_INSTANCES,
+            KEYED,
+            args![group.clone(), "", 101_i64],
+        )
+        .await,
+    );
+    assert!(scanned.is_empty(), "sequential scans: {scanned:?}");
+}
+
+#[tokio::test]
+async fn sqlite_listing_reads_search_by_key() {
+    let store = TestStore::new(Backend::Sqlite).await;
+    let Store::Sqlite(sqlite) = &store.store else {
+        unreachable!("a SQLite test store")
+    };
+    let statements = vec![
+        (
+            "catch-up check",
+            wharf::store::sqlite::CATCH_UP_CHECK.to_owned(),
+        ),
+        (
+            "catch-up batch",
+            wharf::store::sqlite::EVENTS_IN_RANGE.to_owned(),
+        ),
+        ("page", page_sql('?', false, false)),
+        ("page by topic", page_sql('?', true, false)),
+        ("page of waiting groups", page_sql('?', false, true)),
+        ("page by topic of waiting groups", page_sql('?', true, true)),
+        ("one group", one_sql('?')),
+        ("waiters", SQLITE_WAITERS.to_owned()),
+        ("instances", SQLITE_INSTANCES.to_owned()),
+        (
+            "a scan (must be caught)",
+            "SELECT COUNT(*) FROM events WHERE event_type = ?1".to_owned(),
+        ),
+    ];
+    let plans = sqlite
+        .read(move |conn| {
+            let mut plans = Vec::new();
+            for (what, sql) in statements {
+                let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+                let nulls = vec![rusqlite::types::Null; stmt.parameter_count()];
+                let lines: Vec<String> = stmt
+                    .query_map(rusqlite::params_from_iter(nulls), |row| {
+                        row.get::<_, String>(3)
+                    })?
+                    .collect::<Result<_, _>>()?;
+                plans.push((what, lines));
+            }
+            Ok(plans)
+        })
+        .await
+        .unwrap();
+    for (what, lines) in plans {
+        // `SCAN x` (with or without `USING ... INDEX`) reads every row of x; `SEARCH` is keyed.
+        let scans: Vec<&String> = lines
+            .iter()
+            .filter(|line| line.starts_with("SCAN ") && *line != "SCAN CONSTANT ROW")
+            .collect();
+        if what.ends_with("(must be caught)") {
+            assert!(!scans.is_empty(), "the detector missed a scan: {lines:?}");
+        } else {
+            assert!(scans.is_empty(), "{what} scans: {lines:?}");
+        }
+    }
+}
