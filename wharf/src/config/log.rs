@@ -55,6 +55,18 @@ pub fn parse_filter(key: &str, value: &str) -> Result<tracing_subscriber::EnvFil
     if value.trim().is_empty() {
         return Err(refuse("it is empty".into()));
     }
+    // Targets, levels and span names are ASCII; the directive parser of tracing-subscriber
+    // 0.3 also slices its input by byte and panics inside a multi-byte character (found by
+    // tests/tests/boundary_fuzz.rs with "\n𒐀["), so nothing else reaches it.
+    if let Some(c) = value
+        .chars()
+        .find(|c| !c.is_ascii() || (c.is_control() && *c != '\t'))
+    {
+        return Err(refuse(format!(
+            "it holds the character {:?}; directives are printable ASCII",
+            c
+        )));
+    }
     tracing_subscriber::EnvFilter::builder()
         .parse(value)
         .map_err(|e| refuse(e.to_string()))
@@ -69,6 +81,19 @@ impl LogConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_ascii_and_control_characters_are_refused_not_a_panic() {
+        for bad in ["\n𒐀[", "wharf=dé", "info\u{7}"] {
+            let e = parse_filter("log.filter", bad)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                e.contains("log.filter") && e.contains("printable ASCII"),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn filters_are_checked_and_named() {
