@@ -215,7 +215,7 @@ async fn bench(backend: Backend, broker: &Broker, n: usize) {
 #[tokio::main]
 async fn main() {
     let n = count();
-    let broker = Broker::start();
+    let broker = broker::start();
     for backend in [Backend::Sqlite, Backend::Postgres] {
         bench(backend, &broker, n).await;
     }
