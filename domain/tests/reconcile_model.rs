@@ -347,8 +347,20 @@ impl World {
         let known = |f: &ExactFilter| {
             self.desired.contains_key(f) || self.machine.history().contains_key(f)
         };
-        if with_id && via.matches(topic) && known(via) {
-            return windowed(via);
+        if with_id && via.matches(topic) {
+            // A shared filter's identifier names it; the plain filters' shared identifier says
+            // "through a plain subscription", attributed to the known plain filters that match.
+            if via.is_shared() && known(via) {
+                return windowed(via);
+            }
+            let known_plain = self
+                .desired
+                .keys()
+                .chain(self.machine.history().keys())
+                .any(|f| !f.is_shared() && f.matches(topic));
+            if !via.is_shared() && known_plain {
+                return false;
+            }
         }
         let desired_hit = self.desired.keys().any(|f| f.matches(topic));
         !desired_hit

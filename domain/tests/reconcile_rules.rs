@@ -649,7 +649,14 @@ fn a_filter_desired_at_two_qos_levels_is_refused_by_name() {
 fn subscription_ids_are_stable_and_in_range() {
     let id = subscription_id(&f("$share/g/s/#"));
     assert_eq!(id, subscription_id(&f("$share/g/s/#")));
-    assert!((1..=268_435_455).contains(&id));
+    assert!((2..=268_435_455).contains(&id));
+    assert_ne!(id, subscription_id(&f("$share/h/s/#")));
+    // Every plain filter shares one identifier, which no shared filter has.
+    assert_eq!(
+        subscription_id(&f("s/#")),
+        wharf_domain::session::PLAIN_SUBSCRIPTION_ID
+    );
+    assert_eq!(subscription_id(&f("a/+/b")), subscription_id(&f("s/#")));
     assert_ne!(id, subscription_id(&f("s/#")));
 }
 

@@ -19,5 +19,5 @@ pub use ledger::{
 };
 pub use reconcile::{
     plan, subscription_id, Action, Input, Now, Plan, ReconcileSettings, ReconcileStatus,
-    Reconciler, SessionLevel,
+    Reconciler, SessionLevel, PLAIN_SUBSCRIPTION_ID,
 };

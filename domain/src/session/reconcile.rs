@@ -47,7 +47,7 @@ mod plan;
 mod removal;
 
 pub use io::{Action, Input, ReconcileStatus, SessionLevel};
-pub use plan::{plan, subscription_id, Plan};
+pub use plan::{plan, subscription_id, Plan, PLAIN_SUBSCRIPTION_ID};
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -52,6 +52,7 @@ fn is_identity(reference: &str) -> bool {
 mod ingest;
 mod run;
 mod runtime;
+mod subscribe;
 
 pub use ingest::{to_log_message, LogIngest, MqttHandler, MqttMessage};
 pub use runtime::{ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};

@@ -17,12 +17,10 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use wharf_domain::session::{
-    subscription_id, Action, ExactFilter, FilterRecord, Input, Qos, ReconcileSettings, Reconciler,
-    SessionLevel, SubscribeOutcome,
+    Action, ExactFilter, FilterRecord, Input, Qos, ReconcileSettings, Reconciler, SessionLevel,
 };
 use wharf_mqtt::{
-    ConnectOptions, Credentials, Deliveries, Delivery, DisconnectReason, QoS, Session,
-    SessionHandle, SubscribeReason,
+    ConnectOptions, Credentials, Deliveries, Delivery, DisconnectReason, Session, SessionHandle,
 };
 
 use super::ingest::{to_log_message, MqttHandler, MqttMessage};
@@ -413,32 +411,7 @@ impl<'a> Run<'a> {
         filters: Vec<(ExactFilter, Qos)>,
         connection: &Connection,
     ) -> Step {
-        let handle = &connection.handle;
-        let with_ids = handle.connack().subscription_identifiers_available;
-        let answers: Vec<Option<SubscribeOutcome>> = if with_ids {
-            let requests = filters.iter().map(|(filter, qos)| async move {
-                let reasons = handle
-                    .subscribe(
-                        vec![(filter.as_str().to_owned(), to_mqtt(*qos))],
-                        Some(subscription_id(filter)),
-                    )
-                    .await;
-                reasons
-                    .ok()
-                    .and_then(|r| r.first().copied())
-                    .map(to_outcome)
-            });
-            futures::future::join_all(requests).await
-        } else {
-            let all = filters
-                .iter()
-                .map(|(f, q)| (f.as_str().to_owned(), to_mqtt(*q)))
-                .collect();
-            let reasons = handle.subscribe(all, None).await.unwrap_or_default();
-            let mut answers: Vec<_> = reasons.into_iter().map(|r| Some(to_outcome(r))).collect();
-            answers.resize(filters.len(), None);
-            answers
-        };
+        let answers = super::subscribe::subscribe_all(&connection.handle, &filters).await;
         let mut outcomes = Vec::new();
         let mut recorded = Vec::new();
         for ((filter, qos), answer) in filters.into_iter().zip(answers) {
@@ -606,29 +579,6 @@ fn pending_strings(machine: &Reconciler) -> Vec<String> {
 async fn disconnect(connection: &Connection, reason: DisconnectReason) {
     if connection.handle.disconnected().is_none() {
         let _ = connection.handle.disconnect(reason).await;
-    }
-}
-
-fn to_mqtt(qos: Qos) -> QoS {
-    match qos {
-        Qos::AtMostOnce => QoS::AtMostOnce,
-        Qos::AtLeastOnce => QoS::AtLeastOnce,
-        Qos::ExactlyOnce => QoS::ExactlyOnce,
-    }
-}
-
-fn to_outcome(reason: SubscribeReason) -> SubscribeOutcome {
-    match reason.granted() {
-        Some(qos) => SubscribeOutcome::Granted {
-            qos: match qos {
-                QoS::AtMostOnce => Qos::AtMostOnce,
-                QoS::AtLeastOnce => Qos::AtLeastOnce,
-                QoS::ExactlyOnce => Qos::ExactlyOnce,
-            },
-        },
-        None => SubscribeOutcome::Refused {
-            reason_code: reason.code(),
-        },
     }
 }
 

@@ -40,14 +40,23 @@ pub fn plan(desired: &[(ExactFilter, Qos)], history: &BTreeMap<ExactFilter, Filt
     }
 }
 
-/// The MQTT v5 subscription identifier Wharf sends with `filter`: a stable hash of the exact
-/// string into 1..=268435455. Stable across processes and versions, so a replay carrying it can
-/// be attributed even after a crash; two filters may share one (then both are candidates).
+/// The subscription identifier every plain (non-shared) filter is subscribed with: plain
+/// filters may then share one SUBSCRIBE packet (MQTT v5 allows one identifier per packet), and a
+/// delivery carrying it came through a plain subscription, never a shared one.
+pub const PLAIN_SUBSCRIPTION_ID: u32 = 1;
+
+/// The MQTT v5 subscription identifier Wharf sends with `filter`: [`PLAIN_SUBSCRIPTION_ID`] for
+/// a plain filter; for a shared one a stable hash of the exact string into 2..=268435455, so a
+/// replay through a removed shared subscription can be attributed to it, even after a crash.
+/// Two filters may share one (then both are candidates).
 pub fn subscription_id(filter: &ExactFilter) -> u32 {
     const MAX_SUBSCRIPTION_ID: u32 = 268_435_455;
+    if !filter.is_shared() {
+        return PLAIN_SUBSCRIPTION_ID;
+    }
     let digest = Sha256::digest(filter.as_str().as_bytes());
     let word = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    word % MAX_SUBSCRIPTION_ID + 1
+    word % (MAX_SUBSCRIPTION_ID - 1) + 2
 }
 
 fn merge_desired(desired: &[(ExactFilter, Qos)]) -> BTreeMap<ExactFilter, Qos> {
