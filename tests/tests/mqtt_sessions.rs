@@ -3,15 +3,12 @@
 //! what is published into the message log (acked only after the commit), and a removed filter
 //! is unsubscribed exactly, recycled, verified and forgotten.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::{SessionLevel, MANAGED_SESSION_AGGREGATE};
-use wharf::sessions::{SessionRuntime, SessionStatus};
 use wharf::{Config, Wharf};
-use wharf_mqtt::{ConnectOptions, QoS, Session};
 use wharf_tests::fixtures::{declare, group};
+use wharf_tests::sessions::{self, session_config, session_id, unique, wait_status};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -25,84 +22,22 @@ fn broker_port() -> u16 {
         .unwrap_or(1883)
 }
 
-fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed),
-        rand_suffix()
+/// A config with one persistent session `plant` on the shared broker feeding log topic
+/// `sensors` (QoS 1 each), with a short `mqtt.unmatched_grace`.
+fn config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
+    let broker = format!("mqtt://127.0.0.1:{}", broker_port());
+    let subscriptions: Vec<(&str, u8)> = filters.iter().map(|f| (*f, 1)).collect();
+    session_config(
+        ts,
+        &broker,
+        client_id,
+        &subscriptions,
+        Duration::from_millis(300),
     )
 }
 
-fn rand_suffix() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0)
-}
-
-/// A config with one persistent session `plant` feeding log topic `sensors`.
-fn config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
-    let mut config = ts.config();
-    config.mqtt.unmatched_grace = Duration::from_millis(300);
-    config.mqtt.connect_timeout = Duration::from_secs(5);
-    config.mqtt.subscribe_timeout = Duration::from_secs(5);
-    config.mqtt.sessions.insert(
-        "plant".to_owned(),
-        SessionConfig {
-            session_expiry: Some(Duration::from_secs(300)),
-            subscriptions: filters
-                .iter()
-                .map(|f| SubscriptionConfig {
-                    filter: (*f).to_owned(),
-                    qos: 1,
-                    topic: "sensors".to_owned(),
-                })
-                .collect(),
-            ..SessionConfig::new(&format!("mqtt://127.0.0.1:{}", broker_port()), client_id)
-        },
-    );
-    config
-}
-
-fn session_id(config: &Config) -> String {
-    config.mqtt.resolve().expect("valid sessions")[0]
-        .identity
-        .id()
-        .to_owned()
-}
-
-async fn wait_status(
-    runtime: &SessionRuntime,
-    what: &str,
-    condition: impl Fn(&SessionStatus) -> bool,
-) -> SessionStatus {
-    let mut watch = runtime.watch();
-    let found = tokio::time::timeout(DEADLINE, async {
-        watch.wait_for(|s| condition(s)).await.map(|s| s.clone())
-    })
-    .await;
-    match found {
-        Ok(Ok(status)) => status,
-        _ => panic!(
-            "timed out waiting for {what}; status: {:?}",
-            runtime.status()
-        ),
-    }
-}
-
 async fn publish(topic: &str, payload: &str) {
-    let mut options = ConnectOptions::new("127.0.0.1", broker_port(), unique("pub"));
-    options.connect_timeout = DEADLINE;
-    let (handle, _deliveries) = Session::connect(options).await.expect("publisher connects");
-    handle
-        .publish(topic, payload.as_bytes().to_vec(), QoS::AtLeastOnce, false)
-        .await
-        .expect("publish QoS 1");
-    let _ = handle
-        .disconnect(wharf_mqtt::DisconnectReason::Normal)
-        .await;
+    sessions::publish(broker_port(), topic, payload).await;
 }
 
 /// Every message a whole-topic group on `sensors` can claim within the deadline, acked.
