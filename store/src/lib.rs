@@ -207,7 +207,7 @@ impl Store {
         E: Send + 'static,
         F: FnOnce(&GroupSnapshot) -> GroupDecision<T, E> + Send + 'static,
     {
-        dispatch!(self, s => s.execute_group(lock, decide).await)
+        self.execute(lock, decide).await
     }
 
     /// Refreshes an instance's heartbeat; `false` when it has no row.

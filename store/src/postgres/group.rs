@@ -1,25 +1,10 @@
-//! Worker-instance heartbeats on Postgres, and the group's entry to the locked executor.
+//! Worker-instance heartbeats on Postgres.
 
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::InstanceRecord;
-use crate::group::{GroupDecision, GroupLock, GroupSnapshot};
 
 impl PgStore {
-    /// Runs one declaration attempt for a group (see [`crate::group`]).
-    pub async fn execute_group<T, E, F>(
-        &self,
-        lock: GroupLock,
-        decide: F,
-    ) -> Result<Result<T, E>, StoreError>
-    where
-        T: Send,
-        E: Send,
-        F: FnOnce(&GroupSnapshot) -> GroupDecision<T, E> + Send,
-    {
-        self.execute(lock, decide).await
-    }
-
     /// Refreshes an instance's heartbeat by the database clock; `false` when the instance has
     /// no row (it left or never joined).
     pub async fn heartbeat(&self, group: &str, declarer: &str) -> Result<bool, StoreError> {

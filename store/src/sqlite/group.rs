@@ -1,27 +1,12 @@
-//! Worker-instance heartbeats on SQLite, and the group's entry to the locked executor.
+//! Worker-instance heartbeats on SQLite.
 
 use rusqlite::params;
 
 use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, InstanceRecord};
-use crate::group::{GroupDecision, GroupLock, GroupSnapshot};
 
 impl SqliteStore {
-    /// Runs one declaration attempt for a group (see [`crate::group`]).
-    pub async fn execute_group<T, E, F>(
-        &self,
-        lock: GroupLock,
-        decide: F,
-    ) -> Result<Result<T, E>, StoreError>
-    where
-        T: Send + 'static,
-        E: Send + 'static,
-        F: FnOnce(&GroupSnapshot) -> GroupDecision<T, E> + Send + 'static,
-    {
-        self.execute(lock, decide).await
-    }
-
     /// Refreshes an instance's heartbeat; `false` when the instance has no row (it left or
     /// never joined).
     pub async fn heartbeat(&self, group: &str, declarer: &str) -> Result<bool, StoreError> {
