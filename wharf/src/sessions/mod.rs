@@ -55,7 +55,7 @@ mod runtime;
 mod subscribe;
 
 pub use ingest::{to_log_message, LogIngest, MqttHandler, MqttMessage};
-pub use runtime::{ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};
+pub use runtime::{LeaseView, ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -81,6 +81,21 @@ pub struct SessionStatus {
     pub held: u64,
     /// Deliveries that matched no filter and were acked and dropped past `unmatched_grace`.
     pub dropped_unmatched: u64,
+    /// The HA lease of an exclusive session (None for other modes).
+    pub lease: Option<LeaseView>,
+}
+
+/// An exclusive session's HA lease as this process sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseView {
+    /// True while this process holds the lease (and may act on the session).
+    pub held: bool,
+    /// The holder this process last saw (itself when `held`), if any.
+    pub holder: Option<String>,
+    /// That holder's fencing token.
+    pub token: Option<u64>,
+    /// When that ownership lapses unless renewed, by the store's clock.
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A running session; dropping it does not stop it: call [`SessionRuntime::shutdown`].
@@ -110,6 +125,7 @@ impl SessionRuntime {
             ingested: 0,
             held: 0,
             dropped_unmatched: 0,
+            lease: None,
         };
         let (status_tx, status) = watch::channel(initial);
         let (stop, stop_rx) = watch::channel(false);
