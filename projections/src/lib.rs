@@ -2,7 +2,8 @@
 //!
 //! - Inline projectors (run in the append transaction): [`EffectiveBindings`], the effective
 //!   binding rows that claims read, and each group's effective declaration;
-//!   [`ManagedSessions`], each durable MQTT session's exact managed-filter history.
+//!   [`ManagedSessions`], each durable MQTT session's exact managed-filter history;
+//!   [`SessionLeases`], each exclusive session's HA lease (read by the fencing guard).
 //! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
 //!   per declarer, from which open waiters are listed.
 //! - Reads: [`ReadModel`] lists groups, their waiters and instances, and pages audit history.
@@ -16,6 +17,7 @@ pub mod cursor;
 pub mod declaration;
 pub mod error;
 mod fused;
+pub mod lease;
 pub mod listing;
 pub mod prune;
 pub mod replay;
@@ -36,6 +38,7 @@ pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
 pub use cursor::{GroupCursor, InstanceCursor, WaiterCursor};
 pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
+pub use lease::{session_leases, LeaseRow, SessionLeases};
 pub use listing::{GroupPage, GroupQuery, MemberQuery};
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
@@ -52,12 +55,20 @@ const CATCH_UP_BATCH: i64 = 500;
 
 /// The inline projectors a SQLite store must run.
 pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
-    vec![Arc::new(EffectiveBindings), Arc::new(ManagedSessions)]
+    vec![
+        Arc::new(EffectiveBindings),
+        Arc::new(ManagedSessions),
+        Arc::new(SessionLeases),
+    ]
 }
 
 /// The inline projectors a Postgres store must run.
 pub fn pg_inline() -> Vec<Arc<dyn PgProjector>> {
-    vec![Arc::new(EffectiveBindings), Arc::new(ManagedSessions)]
+    vec![
+        Arc::new(EffectiveBindings),
+        Arc::new(ManagedSessions),
+        Arc::new(SessionLeases),
+    ]
 }
 
 fn sqlite_catch_up() -> Vec<Arc<dyn SqliteProjector>> {

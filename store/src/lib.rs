@@ -22,6 +22,7 @@ pub mod migrate;
 pub mod postgres;
 pub mod projector;
 pub mod rebuild;
+pub mod session_lock;
 pub mod sqlite;
 
 use chrono::{DateTime, Utc};
@@ -33,6 +34,7 @@ pub use group::{GroupDecision, GroupLock, GroupSnapshot, GroupWrite, LiveInstanc
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{CteStatement, PgProjector, SqliteProjector};
 pub use rebuild::{Progress, RebuildMode, RebuildReport, TableDifference};
+pub use session_lock::{LeaseClaim, SessionLock};
 pub use sqlite::SqliteStore;
 
 /// Where a store lives, parsed from a URL: `sqlite://PATH` (also `sqlite:PATH`) or

@@ -35,6 +35,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(4, "sqlite", "0004_swap_applies.sql"),
     migration!(5, "sqlite", "0005_managed_sessions.sql"),
     migration!(6, "sqlite", "0006_listing_indexes.sql"),
+    migration!(7, "sqlite", "0007_session_lease.sql"),
 ];
 
 /// The Postgres scripts.
@@ -47,6 +48,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(6, "postgres", "0006_swap_applies.sql"),
     migration!(7, "postgres", "0007_managed_sessions.sql"),
     migration!(8, "postgres", "0008_listing_indexes.sql"),
+    migration!(9, "postgres", "0009_session_lease.sql"),
 ];
 
 /// The schema version this build needs.

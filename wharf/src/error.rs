@@ -1,5 +1,6 @@
 //! The library's one error type.
 
+use wharf_domain::lease::LeaseError;
 use wharf_domain::session::ManagedSessionError;
 use wharf_domain::{DeclarationError, ValidationError};
 use wharf_projections::ProjectionError;
@@ -30,6 +31,18 @@ pub enum WharfError {
     /// The configuration is unusable; names the key.
     #[error("configuration: {0}")]
     Config(String),
+    /// A lease command was refused (held by another, a stale release...); nothing landed.
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    /// A ledger write on behalf of an exclusive session's lease owner was refused by the
+    /// fence, in the write's own transaction: the claim is stale, nothing landed.
+    #[error("session {session_id}: write refused by the lease fence: {reason}")]
+    Fenced {
+        /// The durable session identity.
+        session_id: String,
+        /// Why the claim does not hold, as the store's guard said.
+        reason: String,
+    },
 }
 
 impl From<QueueError> for WharfError {

@@ -9,7 +9,7 @@ use wharf_domain::session::{
     ExactFilter, ManagedFilterEvent, ManagedSession, ManagedSessionCommand, ManagedSessionError,
     Qos, SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
 };
-use wharf_store::{NewEvent, RecordedEvent, Store, StoreError, StreamLock, Write};
+use wharf_store::{LeaseClaim, NewEvent, RecordedEvent, SessionLock, Store, StoreError, Write};
 
 use crate::error::WharfError;
 
@@ -17,6 +17,8 @@ use crate::error::WharfError;
 #[derive(Clone)]
 pub struct SessionLedger {
     store: Store,
+    /// An exclusive session owner's lease claim: every write is fenced by it.
+    fence: Option<LeaseClaim>,
 }
 
 /// Why a ledger command did not land.
@@ -29,7 +31,17 @@ enum Refusal {
 impl SessionLedger {
     /// The ledger on `store`.
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self { store, fence: None }
+    }
+
+    /// The same ledger with every write fenced by `claim` (an exclusive session's owner): a
+    /// write is refused with [`WharfError::Fenced`], in its own transaction, once the claim no
+    /// longer holds by the store's clock.
+    pub fn fenced(&self, claim: LeaseClaim) -> Self {
+        Self {
+            store: self.store.clone(),
+            fence: Some(claim),
+        }
     }
 
     /// The session's state, folded from its whole stream (unknown when never seeded).
@@ -118,10 +130,12 @@ impl SessionLedger {
         session_id: &str,
         command: ManagedSessionCommand,
     ) -> Result<Vec<ManagedFilterEvent>, WharfError> {
-        let lock = StreamLock {
-            aggregate_type: MANAGED_SESSION_AGGREGATE,
-            aggregate_id: session_id.to_owned(),
+        let lock = SessionLock {
+            stream_type: MANAGED_SESSION_AGGREGATE,
+            lock_type: MANAGED_SESSION_AGGREGATE,
+            session_id: session_id.to_owned(),
             after_sequence: 0,
+            fence: self.fence.clone(),
         };
         let decided = self
             .store
@@ -136,7 +150,14 @@ impl SessionLedger {
                     .map_err(Refusal::Corrupt)?;
                 Ok((Write::events(new), events))
             })
-            .await?;
+            .await
+            .map_err(|e| match e {
+                StoreError::GuardRefused { reason, .. } => WharfError::Fenced {
+                    session_id: session_id.to_owned(),
+                    reason,
+                },
+                other => other.into(),
+            })?;
         match decided {
             Ok(events) => Ok(events),
             Err(Refusal::Domain(e)) => Err(WharfError::Session(e)),

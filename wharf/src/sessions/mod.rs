@@ -6,9 +6,11 @@
 //! Existing broker sessions predate that record: each durable identity must be seeded once,
 //! with the exact filters it holds (or explicitly empty); nothing seeds implicitly.
 
+mod lease;
 mod ledger;
 mod seed;
 
+pub use lease::{Acquired, LeaseLedger, RenewVerdict};
 pub use ledger::SessionLedger;
 pub use seed::{parse_seed_spec, SeedSpec};
 

@@ -1,0 +1,213 @@
+//! The HA lease of an exclusive session on a real SQLite file and a real Postgres schema:
+//! acquire, renew, loss, release and expiry are appended events judged by the store's clock;
+//! tokens grow with every owner; a renew that changes nothing is a recorded loss; and a ledger
+//! write on behalf of a stale claim is refused by the fence in its own transaction, leaving
+//! nothing behind.
+
+use std::time::{Duration, Instant};
+
+use wharf::domain::lease::{FencingToken, LeaseError, LeaseHolder, Staleness, LEASE_AGGREGATE};
+use wharf::domain::session::{ExactFilter, Qos, MANAGED_SESSION_AGGREGATE};
+use wharf::sessions::{LeaseLedger, RenewVerdict, SessionLedger};
+use wharf::store::LeaseClaim;
+use wharf::WharfError;
+use wharf_tests::{on_both_backends, Backend, TestStore};
+
+const SESSION: &str = "ms-0123456789abcdef0123456789abcdef";
+
+fn holder(name: &str) -> LeaseHolder {
+    LeaseHolder::parse("holder", name).expect("valid holder")
+}
+
+fn claim(holder: &LeaseHolder, token: FencingToken) -> LeaseClaim {
+    LeaseClaim {
+        holder: holder.as_str().to_owned(),
+        token: token.get() as i64,
+    }
+}
+
+fn filters(names: &[&str]) -> Vec<(ExactFilter, Qos)> {
+    names
+        .iter()
+        .map(|f| {
+            (
+                ExactFilter::parse_field("filter", f).expect("valid filter"),
+                Qos::AtLeastOnce,
+            )
+        })
+        .collect()
+}
+
+async fn event_types(ts: &TestStore, aggregate: &str) -> Vec<String> {
+    ts.store
+        .load(aggregate, SESSION)
+        .await
+        .expect("load")
+        .into_iter()
+        .map(|e| e.event_type)
+        .collect()
+}
+
+/// Acquires for `who` once the current owner's expiry has passed by the store's clock.
+async fn acquire_after_expiry(
+    leases: &LeaseLedger,
+    who: &LeaseHolder,
+    ttl: Duration,
+) -> wharf::sessions::Acquired {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match leases.acquire(SESSION, who, ttl).await {
+            Ok(acquired) => return acquired,
+            Err(WharfError::Lease(LeaseError::Held { .. })) if Instant::now() < deadline => {
+                tokio::task::yield_now().await;
+            }
+            Err(e) => panic!("acquire after expiry: {e}"),
+        }
+    }
+}
+
+async fn lease_lifecycle(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let leases = LeaseLedger::new(ts.store.clone());
+    let (a, b) = (holder("host-a-1"), holder("host-b-1"));
+    let first = leases
+        .acquire(SESSION, &a, Duration::from_secs(30))
+        .await
+        .expect("a acquires a free lease");
+    assert_eq!(first.token, FencingToken(1));
+
+    let held = leases.acquire(SESSION, &b, Duration::from_secs(30)).await;
+    assert!(
+        matches!(held, Err(WharfError::Lease(LeaseError::Held { ref holder, .. })) if holder == &a),
+        "{held:?}"
+    );
+    match leases.renew(SESSION, &a, first.token).await.expect("renew") {
+        RenewVerdict::Renewed { expires_at } => assert!(expires_at >= first.expires_at),
+        other => panic!("the owner's renew: {other:?}"),
+    }
+    let stale = leases.renew(SESSION, &b, first.token).await.expect("renew");
+    assert!(
+        matches!(stale, RenewVerdict::Lost(Staleness::HeldByOther { .. })),
+        "{stale:?}"
+    );
+    let refused = leases.release(SESSION, &b, first.token).await;
+    assert!(
+        matches!(refused, Err(WharfError::Lease(LeaseError::StaleRelease(_)))),
+        "{refused:?}"
+    );
+    leases
+        .release(SESSION, &a, first.token)
+        .await
+        .expect("release");
+    let second = leases
+        .acquire(SESSION, &b, Duration::from_secs(30))
+        .await
+        .expect("b acquires the released lease");
+    assert_eq!(second.token, FencingToken(2));
+
+    // A fresh ledger (a restarted process) decides from the projected row.
+    let restarted = LeaseLedger::new(ts.store.clone());
+    let row = restarted.row(SESSION).await.expect("row").expect("a row");
+    assert_eq!(row.holder.as_deref(), Some("host-b-1"));
+    assert_eq!(row.token, 2);
+    let lost = restarted
+        .renew(SESSION, &a, first.token)
+        .await
+        .expect("renew");
+    assert!(
+        matches!(lost, RenewVerdict::Lost(Staleness::HeldByOther { .. })),
+        "{lost:?}"
+    );
+    assert_eq!(
+        event_types(&ts, LEASE_AGGREGATE).await,
+        [
+            "LeaseAcquired",
+            "LeaseRenewed",
+            "LeaseLost",
+            "LeaseReleased",
+            "LeaseAcquired",
+            "LeaseLost"
+        ]
+    );
+}
+
+on_both_backends!(acquire_renew_release_and_loss_are_recorded, lease_lifecycle);
+
+async fn stale_writes_are_fenced(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let leases = LeaseLedger::new(ts.store.clone());
+    let ledger = SessionLedger::new(ts.store.clone());
+    ledger
+        .seed(SESSION, Vec::new(), "test")
+        .await
+        .expect("seed");
+    let (a, b) = (holder("host-a-1"), holder("host-b-1"));
+    let ttl = Duration::from_millis(300);
+    let first = leases.acquire(SESSION, &a, ttl).await.expect("acquire");
+    let owner = ledger.fenced(claim(&a, first.token));
+    owner
+        .remember(SESSION, filters(&["plant/a"]))
+        .await
+        .expect("the owner's write lands");
+
+    // A made-up token never passes, even for the right holder.
+    let forged = ledger.fenced(claim(&a, FencingToken(7)));
+    let refused = forged.remember(SESSION, filters(&["plant/forged"])).await;
+    assert!(
+        matches!(refused, Err(WharfError::Fenced { .. })),
+        "{refused:?}"
+    );
+
+    // Past the TTL another holder takes over; the old owner's writes are refused.
+    let second = acquire_after_expiry(&leases, &b, Duration::from_secs(30)).await;
+    assert_eq!(second.token, FencingToken(2));
+    let before = event_types(&ts, MANAGED_SESSION_AGGREGATE).await;
+    let stale = owner.remember(SESSION, filters(&["plant/stale"])).await;
+    match &stale {
+        Err(WharfError::Fenced { session_id, reason }) => {
+            assert_eq!(session_id, SESSION);
+            assert!(
+                reason.contains("host-a-1") && reason.contains("token 1"),
+                "{reason}"
+            );
+        }
+        other => panic!("a stale owner's write: {other:?}"),
+    }
+    let forget = owner
+        .forget(
+            SESSION,
+            vec![(ExactFilter::parse_field("filter", "plant/a").unwrap(), 0)],
+        )
+        .await;
+    assert!(
+        matches!(forget, Err(WharfError::Fenced { .. })),
+        "{forget:?}"
+    );
+    assert_eq!(
+        event_types(&ts, MANAGED_SESSION_AGGREGATE).await,
+        before,
+        "nothing of a refused write landed"
+    );
+    ledger
+        .fenced(claim(&b, second.token))
+        .remember(SESSION, filters(&["plant/b"]))
+        .await
+        .expect("the new owner's write lands");
+    let expired = leases.renew(SESSION, &a, first.token).await.expect("renew");
+    assert!(matches!(expired, RenewVerdict::Lost(_)), "{expired:?}");
+    let history: Vec<String> = ledger
+        .load(SESSION)
+        .await
+        .expect("load")
+        .history
+        .expect("known")
+        .keys()
+        .map(|f| f.as_str().to_owned())
+        .collect();
+    assert_eq!(history, ["plant/a", "plant/b"]);
+}
+
+on_both_backends!(
+    a_stale_claims_writes_are_refused_by_the_fence,
+    stale_writes_are_fenced
+);
