@@ -13,6 +13,7 @@ use crate::error::WharfError;
 mod declarations;
 mod env;
 mod http;
+mod lease;
 mod log;
 mod mqtt;
 mod prune;
@@ -23,6 +24,7 @@ pub use declarations::DeclarationConfig;
 pub use env::ENV_PREFIX;
 use env::{apply_env, decode};
 pub use http::HttpConfig;
+pub use lease::LeaseConfig;
 pub use prune::PruneConfig;
 pub use queue::QueueConfig;
 pub use store::StoreConfig;
@@ -50,6 +52,8 @@ pub struct Config {
     pub log: LogConfig,
     /// The MQTT sessions bridged into the message log.
     pub mqtt: MqttConfig,
+    /// The HA lease of exclusive MQTT sessions.
+    pub lease: LeaseConfig,
 }
 
 /// The longest retention accepted (100 years of 365.25 days): a cutoff further back than this
@@ -151,6 +155,7 @@ impl Config {
         self.queue.validate()?;
         self.log.validate()?;
         self.mqtt.validate()?;
+        self.lease.timing()?;
         wharf_store::StoreLocation::parse(&self.store.url)
             .map_err(|e| WharfError::Config(format!("store.url: {e}")))?;
         Ok(())

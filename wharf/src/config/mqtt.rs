@@ -313,13 +313,6 @@ impl SessionConfig {
             .map_err(|e| WharfError::Config(format!("mqtt.sessions.{name}: {e}")))?;
         let brokers = self.canonical_brokers(&key("brokers"))?;
         let tls = self.tls_files(name, &brokers)?;
-        if self.mode == SessionMode::Exclusive {
-            return Err(WharfError::Config(format!(
-                "{}: mode \"exclusive\" needs the HA lease, which this build does not have yet; \
-                 use \"persistent\" with one Wharf process per session",
-                key("mode")
-            )));
-        }
         let client_id = match self.client_id_suffix {
             ClientIdSuffix::None => self.client_id.clone(),
             ClientIdSuffix::Hostname => format!("{}-{}", self.client_id, hostname()),
@@ -626,15 +619,6 @@ mod tests {
         assert!(!format!("{config:?}").contains("hunter2"));
         let e = error(&text.replace("mqtt://u:secret@Broker.Example:1883", "mqtt://u:secret@/x"));
         assert!(!e.contains("secret"), "{e}");
-    }
-
-    #[test]
-    fn exclusive_sessions_are_refused_until_the_lease_is_built() {
-        let e = error(&PLANT.replace(
-            "client_id = \"wharf-plant\"",
-            "client_id = \"c\"\nmode = \"exclusive\"",
-        ));
-        assert!(e.contains("mode \"exclusive\" needs the HA lease"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,11 @@ impl SessionLedger {
         Self { store, fence: None }
     }
 
+    /// The HA lease ledger on the same store (exclusive sessions).
+    pub fn leases(&self) -> super::LeaseLedger {
+        super::LeaseLedger::new(self.store.clone())
+    }
+
     /// The same ledger with every write fenced by `claim` (an exclusive session's owner): a
     /// write is refused with [`WharfError::Fenced`], in its own transaction, once the claim no
     /// longer holds by the store's clock.
@@ -137,12 +142,21 @@ impl SessionLedger {
             after_sequence: 0,
             fence: self.fence.clone(),
         };
+        // Who wrote it: an exclusive owner's writes name its claim, for the audit.
+        let metadata = match &self.fence {
+            None => json!({ "wharf_version": env!("CARGO_PKG_VERSION") }),
+            Some(claim) => json!({
+                "wharf_version": env!("CARGO_PKG_VERSION"),
+                "lease_holder": claim.holder,
+                "lease_token": claim.token,
+            }),
+        };
         let decided = self
             .store
             .execute(lock, move |snapshot| {
                 let state = fold(&snapshot.events).map_err(Refusal::Corrupt)?;
                 let events = state.decide(&command).map_err(Refusal::Domain)?;
-                let metadata = json!({ "wharf_version": env!("CARGO_PKG_VERSION") });
+                let metadata = metadata.clone();
                 let new = events
                     .iter()
                     .map(|e| NewEvent::from_domain(e, metadata.clone()))

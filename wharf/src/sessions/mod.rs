@@ -51,11 +51,13 @@ fn is_identity(reference: &str) -> bool {
         .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+mod exclusive;
 mod ingest;
 mod run;
 mod runtime;
 mod subscribe;
 
+pub use exclusive::activation_bound;
 pub use ingest::{to_log_message, LogIngest, MqttHandler, MqttMessage};
 pub use runtime::{LeaseView, ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};
 
@@ -100,6 +102,7 @@ pub fn start_all(
             retry_cap: Duration::from_secs(30),
             store_deadline: config.declarations.call_deadline(),
             tls,
+            lease: config.lease.timing()?,
         };
         prepared.push((session, settings));
     }

@@ -17,7 +17,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use wharf_domain::session::{Reconciler, SessionLevel};
+use wharf_domain::lease::LeaseTiming;
+use wharf_domain::session::{Reconciler, SessionLevel, SessionMode};
 
 use super::ingest::MqttHandler;
 use super::run::{Outcome, Run};
@@ -45,6 +46,8 @@ pub struct RuntimeSettings {
     pub store_deadline: Duration,
     /// TLS for `mqtts://` brokers, its files read when the runtime was set up.
     pub tls: Option<wharf_mqtt::TlsOptions>,
+    /// The HA lease timing (exclusive sessions only).
+    pub lease: LeaseTiming,
 }
 
 /// The outcome of the newest reconcile attempt.
@@ -163,6 +166,19 @@ async fn supervise(
     status: watch::Sender<SessionStatus>,
     mut stop: watch::Receiver<bool>,
 ) {
+    if session.identity.mode() == SessionMode::Exclusive {
+        let leases = ledger.leases();
+        let exclusive = super::exclusive::Exclusive {
+            session: &session,
+            settings: &settings,
+            ledger: &ledger,
+            leases: &leases,
+            handler: &handler,
+            status: &status,
+            holder: super::exclusive::next_holder(),
+        };
+        return exclusive.supervise(stop).await;
+    }
     let mut wait = settings.retry_base;
     loop {
         if *stop.borrow() {

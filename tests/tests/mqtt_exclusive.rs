@@ -1,0 +1,160 @@
+//! Exclusive MQTT sessions in one process, on a real Mosquitto and both store backends: two
+//! runtimes of one exclusive session (as during a reload) contend for its HA lease; exactly one
+//! holds it and reaches Full while the other stands by; when the holder shuts down it releases,
+//! and the standby takes over with the next fencing token. Every managed-filter write names the
+//! claim it was fenced by.
+
+use std::time::Duration;
+
+use wharf::config::LeaseConfig;
+use wharf::domain::lease::LEASE_AGGREGATE;
+use wharf::domain::session::{SessionLevel, SessionMode, MANAGED_SESSION_AGGREGATE};
+use wharf::sessions::{SessionRuntime, SessionStatus};
+use wharf::Config;
+use wharf_tests::sessions::{session_config, session_id, unique, wait_status};
+use wharf_tests::{on_both_backends, Backend, TestStore};
+
+fn broker_url() -> String {
+    std::env::var("WHARF_TEST_MQTT_URL").unwrap_or_else(|_| "mqtt://127.0.0.1:1883".into())
+}
+
+/// An exclusive session `plant` with a short lease (2 s TTL, renew every 250 ms, step down
+/// after 1 s without a successful renew).
+fn exclusive_config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config {
+    let subscriptions: Vec<(&str, u8)> = filters.iter().map(|f| (*f, 1)).collect();
+    let mut config = session_config(
+        ts,
+        &broker_url(),
+        client_id,
+        &subscriptions,
+        Duration::from_millis(300),
+    );
+    let session = config.mqtt.sessions.get_mut("plant").expect("plant");
+    session.mode = SessionMode::Exclusive;
+    config.lease = LeaseConfig {
+        ttl: Duration::from_secs(2),
+        renew_interval: Duration::from_millis(250),
+        renew_deadline: Duration::from_secs(1),
+    };
+    config
+}
+
+fn holds(status: &SessionStatus) -> bool {
+    status.lease.as_ref().is_some_and(|l| l.held)
+}
+
+fn stands_by(status: &SessionStatus) -> bool {
+    !holds(status)
+        && status
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("standby"))
+}
+
+async fn start(ts: &TestStore, config: &Config) -> SessionRuntime {
+    let mut runtimes = ts.wharf().start_sessions(config).expect("starts");
+    assert_eq!(runtimes.len(), 1);
+    runtimes.remove(0)
+}
+
+async fn one_holder_at_a_time(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("exclusive");
+    let config = exclusive_config(&ts, &unique("wharf-excl"), &[&format!("{root}/+")]);
+    let id = session_id(&config);
+    ts.wharf()
+        .seed_session_baseline(&id, &[])
+        .await
+        .expect("seed empty");
+    let first = start(&ts, &config).await;
+    wait_status(&first, "the first runtime at Full", |s| {
+        s.level == SessionLevel::Full && holds(s)
+    })
+    .await;
+    let second = start(&ts, &config).await;
+    let standby = wait_status(&second, "the second runtime standing by", stands_by).await;
+    assert_eq!(standby.generation, None, "a standby never connects");
+    let owner = first.status().lease.expect("a lease view");
+    assert_eq!(owner.token, Some(1));
+    assert_eq!(
+        standby.lease.as_ref().and_then(|l| l.holder.clone()),
+        owner.holder,
+        "the standby names the holder"
+    );
+
+    first.shutdown().await;
+    let taken = wait_status(&second, "the standby taking over at Full", |s| {
+        s.level == SessionLevel::Full && holds(s)
+    })
+    .await;
+    assert_eq!(taken.lease.and_then(|l| l.token), Some(2));
+    second.shutdown().await;
+
+    let lease_events: Vec<String> = ts
+        .store
+        .load(LEASE_AGGREGATE, &id)
+        .await
+        .expect("lease events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .filter(|t| t != "LeaseRenewed")
+        .collect();
+    assert_eq!(
+        lease_events,
+        [
+            "LeaseAcquired",
+            "LeaseReleased",
+            "LeaseAcquired",
+            "LeaseReleased"
+        ]
+    );
+    // Every write after the seed was made by an owner and names its claim.
+    let ledger = ts
+        .store
+        .load(MANAGED_SESSION_AGGREGATE, &id)
+        .await
+        .expect("ledger events");
+    assert!(ledger.len() > 1, "the owners wrote the reconcile");
+    for event in &ledger[1..] {
+        let token = event.metadata.get("lease_token").and_then(|t| t.as_i64());
+        assert!(
+            matches!(token, Some(1 | 2)),
+            "{} carries no claim: {}",
+            event.event_type,
+            event.metadata
+        );
+    }
+}
+
+on_both_backends!(
+    two_runtimes_of_one_exclusive_session_hold_it_one_at_a_time,
+    one_holder_at_a_time
+);
+
+async fn an_unseeded_exclusive_session_never_connects(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let config = exclusive_config(&ts, &unique("wharf-excl-unseeded"), &["never/+"]);
+    let runtime = start(&ts, &config).await;
+    let status = wait_status(&runtime, "the unknown-history refusal", |s| {
+        s.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("is unknown"))
+    })
+    .await;
+    assert_eq!(status.generation, None, "nothing connected");
+    runtime.shutdown().await;
+    let id = session_id(&config);
+    let released = ts
+        .store
+        .load(LEASE_AGGREGATE, &id)
+        .await
+        .expect("lease events")
+        .iter()
+        .any(|e| e.event_type == "LeaseReleased");
+    assert!(released, "a round that failed closed gives the lease back");
+}
+
+on_both_backends!(
+    an_unseeded_exclusive_session_fails_closed_and_releases,
+    an_unseeded_exclusive_session_never_connects
+);
