@@ -365,6 +365,14 @@ impl Running {
         self.lines_of(true)
     }
 
+    /// Every stderr line received so far, without waiting.
+    pub fn out_so_far_err(&mut self) -> Vec<String> {
+        while let Ok(line) = self.lines.try_recv() {
+            self.file(line);
+        }
+        self.lines_of(false)
+    }
+
     /// Every stderr (`false`) or stdout (`true`) line seen.
     pub fn lines_of(&self, stdout: bool) -> Vec<String> {
         self.seen
@@ -374,6 +382,21 @@ impl Running {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
+    /// Sends the signal `name` (`STOP`, `CONT`, `HUP`...) without waiting for anything.
+    pub fn signal(&self, name: &str) {
+        let pid = self.pid().to_string();
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}").as_str(), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} {pid}");
     }
 
     /// Sends SIGKILL (no chance to clean up, as a crash or an OOM kill) and waits for the exit;
