@@ -42,6 +42,8 @@ pub const METRICS_PATH: &str = "/metrics";
 pub const SESSIONS_PATH: &str = "/api/v1/sessions";
 /// `GET`: one managed MQTT session, by name or durable identity.
 pub const SESSION_PATH: &str = "/api/v1/sessions/{session}";
+/// `GET`: a page of one managed MQTT session's stream (`filters` or `lease`), for the audit.
+pub const SESSION_EVENTS_PATH: &str = "/api/v1/sessions/{session}/events";
 
 /// Every route: its path and what answers it. The router is built from this table, and the
 /// OpenAPI test checks the document against it.
@@ -59,6 +61,7 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (METRICS_PATH, get(metrics)),
         (SESSIONS_PATH, get(crate::sessions::list_sessions)),
         (SESSION_PATH, get(crate::sessions::one_session)),
+        (SESSION_EVENTS_PATH, get(crate::sessions::session_events)),
     ]
 }
 

@@ -49,7 +49,10 @@ pub use handlers::{
 };
 pub use metrics::{Metrics, StoreCollector};
 pub use server::{bounded_router, serve_with, HttpLimits};
-pub use sessions::{LiveSession, ReconcileReport, SessionDetail, SessionList, SessionSource};
+pub use sessions::{
+    LiveLease, LiveSession, ReconcileReport, SessionDetail, SessionEventPage, SessionList,
+    SessionSource,
+};
 pub use state::{
     ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
 };

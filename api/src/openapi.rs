@@ -203,6 +203,12 @@ mod tests {
             ingested: 0,
             held: 0,
             dropped_unmatched: 0,
+            lease: Some(crate::sessions::LiveLease {
+                held: true,
+                holder: Some("h:1:a:s1".into()),
+                token: Some(1),
+                expires_at: None,
+            }),
         };
         let history = wharf_projections::ManagedSessionView {
             session_id: "ms-0".into(),
@@ -219,16 +225,42 @@ mod tests {
                 updated_position: 1,
             }],
         };
+        let lease = wharf_projections::LeaseRow {
+            session_id: "ms-0".into(),
+            holder: Some("h:1:a:s1".into()),
+            token: 1,
+            ttl_ms: Some(45_000),
+            expires_at: Some(chrono::DateTime::<chrono::Utc>::UNIX_EPOCH),
+            last_sequence: 1,
+            last_position: 2,
+        };
         let detail = crate::sessions::SessionDetail {
             session_id: "ms-0".into(),
             live: Some(live.clone()),
             history: Some(history.clone()),
+            lease: Some(lease.clone()),
+        };
+        let entry = wharf_projections::SessionHistoryEntry {
+            position: 2,
+            recorded_at: chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+            event: "LeaseAcquired".into(),
+            detail: serde_json::json!({}),
+            metadata: serde_json::json!({}),
+        };
+        let page = crate::sessions::SessionEventPage {
+            session_id: "ms-0".into(),
+            stream: "lease",
+            events: vec![entry.clone()],
+            next_after: None,
         };
         let as_value = |v: &dyn erased::Serialize| v.to_value();
         assert_schema_matches(&doc, "LiveSession", &as_value(&live));
         assert_schema_matches(&doc, "ManagedSession", &as_value(&history));
         assert_schema_matches(&doc, "ManagedFilter", &as_value(&history.filters[0]));
         assert_schema_matches(&doc, "SessionDetail", &as_value(&detail));
+        assert_schema_matches(&doc, "LeaseRow", &as_value(&lease));
+        assert_schema_matches(&doc, "SessionEvent", &as_value(&entry));
+        assert_schema_matches(&doc, "SessionEventPage", &as_value(&page));
     }
 
     /// Serializing test values of several types through one closure.

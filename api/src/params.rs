@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use wharf_domain::{DeclarerId, GroupName, TopicName};
 use wharf_projections::audit::MAX_PAGE;
 use wharf_projections::{
-    GroupCursor, GroupQuery, HistoryQuery, InstanceCursor, MemberQuery, WaiterCursor,
+    GroupCursor, GroupQuery, HistoryQuery, InstanceCursor, MemberQuery, SessionStream, WaiterCursor,
 };
 
 use crate::error::ApiError;
@@ -21,6 +21,9 @@ pub const DEAD_LETTER_PARAMS: &[&str] = &["after", "limit"];
 
 /// The query parameters `GET /api/v1/groups/{group}/swaps` understands.
 pub const SWAP_PARAMS: &[&str] = &["limit"];
+
+/// The query parameters `GET /api/v1/sessions/{session}/events` understands.
+pub const SESSION_EVENT_PARAMS: &[&str] = &["stream", "after", "limit"];
 
 /// The query parameters `GET /api/v1/groups` understands.
 pub const GROUPS_PARAMS: &[&str] = &["after", "limit", "topic", "waiting"];
@@ -139,6 +142,38 @@ pub fn dead_letter_query(pairs: &[(String, String)]) -> Result<DeadLetterQuery, 
     for (known, value) in known_params(pairs, DEAD_LETTER_PARAMS)? {
         match known {
             "after" => query.after = position(known, value, "log")?,
+            _ => query.limit = limit(known, value, MAX_DEAD_LETTER_PAGE)?,
+        }
+    }
+    Ok(query)
+}
+
+/// A page request of one of a session's streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionEventQuery {
+    /// Which stream (`filters` by default).
+    pub stream: SessionStream,
+    /// Only events after this ledger position (the previous page's `next_after`).
+    pub after: i64,
+    /// At most this many (1 to [`MAX_DEAD_LETTER_PAGE`]).
+    pub limit: u32,
+}
+
+/// Builds a session-events page request from the raw `(name, value)` pairs of the query string.
+pub fn session_events_query(pairs: &[(String, String)]) -> Result<SessionEventQuery, ApiError> {
+    let mut query = SessionEventQuery {
+        stream: SessionStream::Filters,
+        after: 0,
+        limit: DEFAULT_LIMIT,
+    };
+    for (known, value) in known_params(pairs, SESSION_EVENT_PARAMS)? {
+        match known {
+            "stream" => {
+                query.stream = SessionStream::parse(value).ok_or_else(|| {
+                    ApiError::invalid(known, value, "must be \"filters\" or \"lease\"")
+                })?
+            }
+            "after" => query.after = position(known, value, "ledger")?,
             _ => query.limit = limit(known, value, MAX_DEAD_LETTER_PAGE)?,
         }
     }

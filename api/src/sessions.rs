@@ -4,6 +4,8 @@
 //!
 //! - `GET /api/v1/sessions`: every session this process runs or the ledger records;
 //! - `GET /api/v1/sessions/{session}`: one, by configured name or durable identity (`ms-...`);
+//! - `GET /api/v1/sessions/{session}/events`: a page of one of its streams, for the audit
+//!   (`stream=filters`, the managed-filter ledger, or `stream=lease`, the HA lease);
 //! - `/readyz` gains the check `mqtt:sessions`: it fails until every session is at `full`.
 
 use std::sync::Arc;
@@ -11,7 +13,9 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::Json;
 use serde::Serialize;
-use wharf_projections::ManagedSessionView;
+use wharf_projections::{
+    session_leases, session_stream_history, LeaseRow, ManagedSessionView, SessionHistoryEntry,
+};
 
 use crate::error::ApiError;
 use crate::state::{ApiState, HealthCheck};
@@ -43,6 +47,21 @@ pub struct LiveSession {
     pub held: u64,
     /// Deliveries that matched no filter, acked and dropped after `mqtt.unmatched_grace`.
     pub dropped_unmatched: u64,
+    /// An exclusive session's HA lease as this process sees it.
+    pub lease: Option<LiveLease>,
+}
+
+/// An exclusive session's lease as the runtime sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LiveLease {
+    /// True while this process holds it (and may act on the session).
+    pub held: bool,
+    /// The holder it last saw (itself when `held`).
+    pub holder: Option<String>,
+    /// That holder's fencing token.
+    pub token: Option<u64>,
+    /// When that ownership lapses unless renewed (store clock).
+    pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A reconcile attempt's outcome.
@@ -81,6 +100,8 @@ pub struct SessionDetail {
     pub live: Option<LiveSession>,
     /// The exact history, when a baseline was seeded (absent: the history is unknown).
     pub history: Option<ManagedSessionView>,
+    /// The HA lease as the store records it (exclusive sessions; absent: never acquired).
+    pub lease: Option<LeaseRow>,
 }
 
 /// `GET /api/v1/sessions`.
@@ -92,6 +113,8 @@ pub struct SessionList {
 
 async fn details(state: &ApiState) -> Result<Vec<SessionDetail>, ApiError> {
     let recorded = state.read_model().managed_sessions(None).await?;
+    let leases = session_leases(state.read_model().store(), None).await?;
+    let lease_of = |id: &str| leases.iter().find(|l| l.session_id == id).cloned();
     let live = state
         .session_source()
         .map(|s| s.sessions())
@@ -100,6 +123,7 @@ async fn details(state: &ApiState) -> Result<Vec<SessionDetail>, ApiError> {
         .into_iter()
         .map(|live| SessionDetail {
             session_id: live.session_id.clone(),
+            lease: lease_of(&live.session_id),
             history: recorded
                 .iter()
                 .find(|r| r.session_id == live.session_id)
@@ -110,6 +134,7 @@ async fn details(state: &ApiState) -> Result<Vec<SessionDetail>, ApiError> {
     for view in recorded {
         if !details.iter().any(|d| d.session_id == view.session_id) {
             details.push(SessionDetail {
+                lease: lease_of(&view.session_id),
                 session_id: view.session_id.clone(),
                 live: None,
                 history: Some(view),
@@ -141,6 +166,67 @@ pub(crate) async fn one_session(
                 "no session {session:?} runs in this process or is recorded in the ledger"
             ))
         })
+}
+
+/// `GET /api/v1/sessions/{session}/events`: a page of one stream.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SessionEventPage {
+    /// The durable identity.
+    pub session_id: String,
+    /// `filters` or `lease`.
+    pub stream: &'static str,
+    /// The entries, oldest first.
+    pub events: Vec<SessionHistoryEntry>,
+    /// The `after` of the next page, when this one was full.
+    pub next_after: Option<i64>,
+}
+
+pub(crate) async fn session_events(
+    State(state): State<ApiState>,
+    Path(session): Path<String>,
+    query: Result<
+        axum::extract::Query<Vec<(String, String)>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+) -> Result<Json<SessionEventPage>, ApiError> {
+    let axum::extract::Query(pairs) =
+        query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
+    let page = crate::params::session_events_query(&pairs)?;
+    let session_id = details(&state)
+        .await?
+        .into_iter()
+        .find(|d| d.session_id == session || d.live.as_ref().is_some_and(|l| l.name == session))
+        .map(|d| d.session_id)
+        .or_else(|| is_identity(&session).then(|| session.clone()))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "no session {session:?} runs in this process or is recorded in the ledger"
+            ))
+        })?;
+    let events = session_stream_history(
+        state.read_model().store(),
+        page.stream,
+        &session_id,
+        page.after,
+        page.limit,
+    )
+    .await?;
+    let next_after = (events.len() == page.limit as usize)
+        .then(|| events.last().map(|e| e.position))
+        .flatten();
+    Ok(Json(SessionEventPage {
+        session_id,
+        stream: page.stream.as_str(),
+        events,
+        next_after,
+    }))
+}
+
+/// `ms-` and 32 hex digits: a durable identity, which may have events without a row (a lease
+/// acquired for a session never seeded).
+fn is_identity(text: &str) -> bool {
+    text.strip_prefix("ms-")
+        .is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// `mqtt:sessions`: passes when every session runs at `full` (or none is configured).

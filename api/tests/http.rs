@@ -1285,7 +1285,44 @@ fn live_session(name: &str, session_id: &str, level: &str) -> wharf_api::LiveSes
         ingested: 0,
         held: 0,
         dropped_unmatched: 0,
+        lease: None,
     }
+}
+
+/// Acquires a session's HA lease for `holder` through the locked executor, as an exclusive
+/// runtime does.
+async fn acquire_lease(store: &Store, session_id: &str, holder: &str) {
+    use wharf_domain::lease::{Lease, LeaseCommand, LeaseEvent, LeaseHolder, LEASE_AGGREGATE};
+    let holder = LeaseHolder::parse("holder", holder).unwrap();
+    let lock = wharf_store::SessionLock {
+        stream_type: LEASE_AGGREGATE,
+        lock_type: wharf_domain::session::MANAGED_SESSION_AGGREGATE,
+        session_id: session_id.into(),
+        after_sequence: 0,
+        fence: None,
+    };
+    store
+        .execute(lock, move |snapshot| {
+            let events: Vec<LeaseEvent> = snapshot
+                .events
+                .iter()
+                .map(|e| LeaseEvent::decode(&e.event_type, &e.payload).unwrap())
+                .collect();
+            let command = LeaseCommand::Acquire {
+                holder,
+                ttl: std::time::Duration::from_secs(45),
+                now: snapshot.now,
+            };
+            let new = Lease::fold(&events).decide(&command).unwrap();
+            let new = new
+                .iter()
+                .map(|e| NewEvent::from_domain(e, json!({})).unwrap())
+                .collect();
+            Ok::<_, std::convert::Infallible>((wharf_store::Write::events(new), ()))
+        })
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 /// Seeds a session's baseline through the locked executor, as `wharf sessions seed` does.
@@ -1371,9 +1408,48 @@ async fn sessions(store: Store) {
         "an explicit empty baseline"
     );
 
+    assert!(listed[0]["lease"].is_null(), "never acquired: {body}");
+    assert!(listed[0]["live"]["lease"].is_null());
+
     let (status, one) = app.get("/api/v1/sessions/plant").await;
     assert_eq!(status, 200);
     assert_eq!(one["session_id"], "ms-00000000000000000000000000000001");
+
+    // The audit of both streams, paged by ledger position.
+    acquire_lease(&store, "ms-00000000000000000000000000000001", "host-a:1:s1").await;
+    let (status, page) = app.get("/api/v1/sessions/plant/events").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["stream"], "filters");
+    assert_eq!(page["events"][0]["event"], "BaselineSeeded");
+    assert_eq!(page["events"].as_array().unwrap().len(), 1);
+    assert!(page["next_after"].is_null());
+    let (status, lease) = app
+        .get("/api/v1/sessions/ms-00000000000000000000000000000001/events?stream=lease&limit=1")
+        .await;
+    assert_eq!(status, 200, "{lease}");
+    assert_eq!(lease["events"][0]["event"], "LeaseAcquired");
+    assert_eq!(lease["events"][0]["detail"]["holder"], "host-a:1:s1");
+    assert_eq!(lease["next_after"], lease["events"][0]["position"]);
+    let (status, rest) = app
+        .get(&format!(
+            "/api/v1/sessions/plant/events?stream=lease&after={}",
+            lease["next_after"]
+        ))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(rest["events"], json!([]));
+    let (status, bad) = app.get("/api/v1/sessions/plant/events?stream=bogus").await;
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(bad["error"]["field"], "stream");
+    assert!(
+        bad["error"]["message"].as_str().unwrap().contains("bogus"),
+        "{bad}"
+    );
+    let (status, _) = app.get("/api/v1/sessions/nope/events").await;
+    assert_eq!(status, 404);
+    let (_, listed) = app.get("/api/v1/sessions").await;
+    assert_eq!(listed["sessions"][0]["lease"]["holder"], "host-a:1:s1");
+    assert_eq!(listed["sessions"][0]["lease"]["token"], 1);
     let (status, missing) = app.get("/api/v1/sessions/nope").await;
     assert_eq!(status, 404, "{missing}");
     assert_eq!(missing["error"]["code"], "not_found");

@@ -43,7 +43,8 @@ pub use listing::{GroupPage, GroupQuery, MemberQuery};
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
 pub use session_views::{
-    managed_sessions, session_history, ManagedFilterView, ManagedSessionView, SessionHistoryEntry,
+    managed_sessions, session_history, session_stream_history, ManagedFilterView,
+    ManagedSessionView, SessionHistoryEntry, SessionStream,
 };
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 

@@ -152,15 +152,68 @@ pub struct SessionHistoryEntry {
     /// When the store recorded it (the store's clock).
     pub recorded_at: chrono::DateTime<chrono::Utc>,
     /// `BaselineSeeded`, `BaselineExtended`, `FiltersRemembered`, `SubscribesAcknowledged`,
-    /// `FiltersForgotten`, `MigrationRequired` or `MigrationResolved`.
+    /// `FiltersForgotten`, `MigrationRequired` or `MigrationResolved`; on the lease stream
+    /// `LeaseAcquired`, `LeaseRenewed`, `LeaseReleased`, `LeaseLost` or `LeaseExpired`.
     pub event: String,
-    /// The event's fields (filters, QoS, SUBACK outcome, UNSUBACK reason, seed source...).
+    /// The event's fields (filters, QoS, SUBACK outcome, UNSUBACK reason, seed source, lease
+    /// holder, token and expiry...).
     pub detail: serde_json::Value,
+    /// Who wrote it: the Wharf version and, for an exclusive owner's writes, its lease claim
+    /// (`lease_holder`, `lease_token`).
+    pub metadata: serde_json::Value,
 }
 
-/// A page of one session's ledger after `after` (a position), oldest first.
+/// One of a session's two streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionStream {
+    /// The managed-filter ledger (seed, Remember, SUBACK outcomes, Forget, migration).
+    #[default]
+    Filters,
+    /// The HA lease (acquire, renew, release, loss, expiry) of an exclusive session.
+    Lease,
+}
+
+impl SessionStream {
+    /// Its name in the CLI and the API: `filters` or `lease`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Filters => "filters",
+            Self::Lease => "lease",
+        }
+    }
+
+    /// Parses `filters` or `lease`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "filters" => Some(Self::Filters),
+            "lease" => Some(Self::Lease),
+            _ => None,
+        }
+    }
+
+    fn aggregate(self) -> &'static str {
+        match self {
+            Self::Filters => wharf_domain::session::MANAGED_SESSION_AGGREGATE,
+            Self::Lease => wharf_domain::lease::LEASE_AGGREGATE,
+        }
+    }
+}
+
+/// A page of one session's managed-filter ledger after `after` (a position), oldest first.
 pub async fn session_history(
     store: &Store,
+    session_id: &str,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<SessionHistoryEntry>, StoreError> {
+    session_stream_history(store, SessionStream::Filters, session_id, after, limit).await
+}
+
+/// A page of one of a session's streams after `after` (a position), oldest first. Each entry
+/// carries who wrote it (`metadata`: an exclusive owner's writes name its lease claim).
+pub async fn session_stream_history(
+    store: &Store,
+    stream: SessionStream,
     session_id: &str,
     after: i64,
     limit: u32,
@@ -173,11 +226,7 @@ pub async fn session_history(
         limit: i64::from(limit),
     };
     let events = store
-        .query_events(
-            wharf_domain::session::MANAGED_SESSION_AGGREGATE,
-            session_id,
-            query,
-        )
+        .query_events(stream.aggregate(), session_id, query)
         .await?;
     Ok(events
         .into_iter()
@@ -186,6 +235,7 @@ pub async fn session_history(
             recorded_at: e.recorded_at,
             event: e.event_type,
             detail: e.payload,
+            metadata: e.metadata,
         })
         .collect())
 }

@@ -95,6 +95,12 @@ fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
         ingested: status.ingested,
         held: status.held,
         dropped_unmatched: status.dropped_unmatched,
+        lease: status.lease.as_ref().map(|l| wharf_api::LiveLease {
+            held: l.held,
+            holder: l.holder.clone(),
+            token: l.token,
+            expires_at: l.expires_at,
+        }),
     }
 }
 
