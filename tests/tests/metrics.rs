@@ -441,6 +441,7 @@ async fn sessions_are_scraped_as_a_state_set_and_counters() {
         ingested,
         held: 2,
         dropped_unmatched: 1,
+        lease: None,
     };
     let state = ApiState::new(ts.wharf().read_model().clone())
         .with_sessions(move || vec![report("plant", "full", 42), report("yard", "subscribed", 0)]);

@@ -291,13 +291,21 @@ impl Exclusive<'_> {
         let epoch = sent;
         let mut renewer = Renewer::start(self.settings.lease, Duration::ZERO);
         let id = self.session.identity.id();
+        let mut next: Option<RenewerAction> = None;
         loop {
-            let Some(wake) = renewer.next_wakeup() else {
-                return deadline_missed(&renewer);
+            let action = match next.take() {
+                Some(action) => action,
+                None => {
+                    let Some(wake) = renewer.next_wakeup() else {
+                        return deadline_missed(&renewer);
+                    };
+                    tokio::time::sleep_until(epoch + wake).await;
+                    match renewer.tick(epoch.elapsed()) {
+                        Some(action) => action,
+                        None => continue,
+                    }
+                }
             };
-            tokio::time::sleep_until(epoch + wake).await;
-            let action = renewer.tick(epoch.elapsed());
-            let Some(action) = action else { continue };
             let RenewerAction::Renew = action else {
                 return step_down_reason(action, &renewer);
             };
@@ -312,12 +320,9 @@ impl Exclusive<'_> {
                 Ok(Err(e)) => RenewOutcome::Failed(e.to_string()),
                 Err(_) => RenewOutcome::Failed("the renew did not answer in time".to_owned()),
             };
-            if let Some(action) = renewer.outcome(epoch.elapsed(), outcome) {
-                if let RenewerAction::StepDown { reason } = action {
-                    return reason;
-                }
-                // A renew asked for right away (the previous one failed late): next loop.
-            }
+            // The outcome may ask for the next renew at once (a failure late in the interval)
+            // or step down.
+            next = renewer.outcome(epoch.elapsed(), outcome);
         }
     }
 
