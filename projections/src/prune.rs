@@ -1,4 +1,5 @@
-//! The deferred pruner: trims superseded waiting attempts from the declaration ledger.
+//! The deferred pruner: trims superseded waiting attempts from the declaration ledger, and
+//! superseded renewals from the HA lease ledger.
 //!
 //! Retention rule: a `DeclarationWaiting` event is superseded when the same declarer has a newer
 //! event in the same group (a later retry, or its own install). Superseded attempts older than
@@ -8,6 +9,13 @@
 //! next append's sequence is unaffected. Concurrent writers only add newer rows, and a row is
 //! deleted only when a newer one exists that itself is never the last to go, so concurrent
 //! pruners and writers are safe.
+//!
+//! Lease rule: a `LeaseRenewed` is superseded when a later event of the same lease stream sets
+//! the expiry again or ends the ownership (a later renew, an acquire, a release or an observed
+//! expiry). Superseded renewals older than the retention are deleted: the fold of what remains,
+//! and so the `session_lease` row a rebuild gives, is unchanged, and the stream's newest event
+//! is never deleted. A lease renewed every 6 s thus keeps about one retention's worth of
+//! renewals (14,400 a day) whatever its age; acquires, releases, losses and expiries stay.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -42,13 +50,25 @@ const SQLITE_ELIGIBLE: &str = "SELECT e.position FROM events e \
      AND e.recorded_at < ?1 AND EXISTS (SELECT 1 FROM events n \
        WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id \
        AND n.sequence > e.sequence \
-       AND json_extract(n.payload, '$.declarer') = json_extract(e.payload, '$.declarer'))";
+       AND json_extract(n.payload, '$.declarer') = json_extract(e.payload, '$.declarer')) \
+     UNION ALL SELECT e.position FROM events e \
+     WHERE e.aggregate_type = 'session_lease' AND e.event_type = 'LeaseRenewed' \
+     AND e.recorded_at < ?1 AND EXISTS (SELECT 1 FROM events n \
+       WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id \
+       AND n.sequence > e.sequence AND n.event_type IN \
+         ('LeaseRenewed', 'LeaseAcquired', 'LeaseReleased', 'LeaseExpired'))";
 
 const PG_ELIGIBLE: &str = "SELECT e.position FROM events e \
      WHERE e.aggregate_type = 'consumer_group' AND e.event_type = 'DeclarationWaiting' \
      AND e.recorded_at < $1 AND EXISTS (SELECT 1 FROM events n \
        WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id \
-       AND n.sequence > e.sequence AND n.payload->>'declarer' = e.payload->>'declarer')";
+       AND n.sequence > e.sequence AND n.payload->>'declarer' = e.payload->>'declarer') \
+     UNION ALL SELECT e.position FROM events e \
+     WHERE e.aggregate_type = 'session_lease' AND e.event_type = 'LeaseRenewed' \
+     AND e.recorded_at < $1 AND EXISTS (SELECT 1 FROM events n \
+       WHERE n.aggregate_type = e.aggregate_type AND n.aggregate_id = e.aggregate_id \
+       AND n.sequence > e.sequence AND n.event_type IN \
+         ('LeaseRenewed', 'LeaseAcquired', 'LeaseReleased', 'LeaseExpired'))";
 
 /// Runs the pruner once.
 pub async fn prune(store: &Store, options: PruneOptions) -> Result<PruneReport, StoreError> {

@@ -211,3 +211,59 @@ on_both_backends!(
     a_stale_claims_writes_are_refused_by_the_fence,
     stale_writes_are_fenced
 );
+
+async fn superseded_renewals_are_pruned(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let wharf = ts.wharf();
+    let leases = LeaseLedger::new(ts.store.clone());
+    let a = holder("host-a-1");
+    let first = leases
+        .acquire(SESSION, &a, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    for _ in 0..5 {
+        leases.renew(SESSION, &a, first.token).await.expect("renew");
+    }
+    // A loss by another holder does not supersede the newest renewal: its expiry stays.
+    leases
+        .renew(SESSION, &holder("host-b-1"), first.token)
+        .await
+        .expect("renew");
+    let before = leases.row(SESSION).await.expect("row");
+    let options = wharf::projections::PruneOptions {
+        retention: Duration::ZERO,
+        dry_run: false,
+        batch: 2,
+    };
+    let report = wharf::projections::prune(&ts.store, options)
+        .await
+        .expect("prune");
+    assert_eq!((report.eligible, report.deleted), (4, 4));
+    assert_eq!(
+        event_types(&ts, LEASE_AGGREGATE).await,
+        ["LeaseAcquired", "LeaseRenewed", "LeaseLost"],
+        "the newest renewal and every other event stay"
+    );
+    assert_eq!(leases.row(SESSION).await.expect("row"), before);
+    let progress: wharf::store::Progress = std::sync::Arc::new(|_, _| {});
+    let verify = wharf
+        .read_model()
+        .rebuild(wharf::store::RebuildMode::Verify, progress)
+        .await
+        .expect("verify");
+    assert!(verify.is_clean(), "{verify:?}");
+    // The lease goes on from the trimmed stream.
+    let renewed = LeaseLedger::new(ts.store.clone())
+        .renew(SESSION, &a, first.token)
+        .await
+        .expect("renew");
+    assert!(
+        matches!(renewed, RenewVerdict::Renewed { .. }),
+        "{renewed:?}"
+    );
+}
+
+on_both_backends!(
+    superseded_lease_renewals_are_pruned,
+    superseded_renewals_are_pruned
+);
