@@ -179,8 +179,34 @@ fn session_families(sessions: &[crate::sessions::LiveSession]) -> Vec<MetricFami
         "Deliveries that matched no filter, acked and dropped after mqtt.unmatched_grace.",
         &["session"],
     );
+    let lease_held = sheet.gauges(
+        "wharf_mqtt_session_lease_held",
+        "1 while this process holds the exclusive session's HA lease (and may act on it).",
+        &["session"],
+    );
+    let lease_token = sheet.gauges(
+        "wharf_mqtt_session_lease_token",
+        "The fencing token of the lease holder this process last saw (itself when held).",
+        &["session"],
+    );
+    let transitions = sheet.counters(
+        "wharf_mqtt_session_lease_transitions_total",
+        "Times this process became or stopped being the exclusive session's lease holder.",
+        &["session"],
+    );
     for s in sessions {
         let name = s.name.as_str();
+        if let Some(lease) = &s.lease {
+            lease_held
+                .with_label_values(&[name])
+                .set(f64::from(u8::from(lease.held)));
+            if let Some(token) = lease.token {
+                lease_token.with_label_values(&[name]).set(token as f64);
+            }
+            transitions
+                .with_label_values(&[name])
+                .inc_by(lease.transitions);
+        }
         for l in SESSION_LEVELS {
             level
                 .with_label_values(&[name, l])

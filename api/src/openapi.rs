@@ -208,6 +208,7 @@ mod tests {
                 holder: Some("h:1:a:s1".into()),
                 token: Some(1),
                 expires_at: None,
+                transitions: 1,
             }),
         };
         let history = wharf_projections::ManagedSessionView {

@@ -62,6 +62,8 @@ pub struct LiveLease {
     pub token: Option<u64>,
     /// When that ownership lapses unless renewed (store clock).
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many times the runtime became or stopped being the holder.
+    pub transitions: u64,
 }
 
 /// A reconcile attempt's outcome.

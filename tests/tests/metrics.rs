@@ -441,13 +441,43 @@ async fn sessions_are_scraped_as_a_state_set_and_counters() {
         ingested,
         held: 2,
         dropped_unmatched: 1,
-        lease: None,
+        lease: (name == "plant").then(|| wharf_api::LiveLease {
+            held: true,
+            holder: Some("host:1:a:s1".into()),
+            token: Some(3),
+            expires_at: None,
+            transitions: 5,
+        }),
     };
     let state = ApiState::new(ts.wharf().read_model().clone())
         .with_sessions(move || vec![report("plant", "full", 42), report("yard", "subscribed", 0)]);
     let app = App::start(state).await;
     let scrape = app.scrape().await;
     assert_eq!(scrape.kind("wharf_mqtt_session_level"), Some("gauge"));
+    // Only the exclusive session (with a lease) has lease series.
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_lease_held", &[("session", "plant")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.expect("wharf_mqtt_session_lease_token", &[("session", "plant")]),
+        3.0
+    );
+    assert_eq!(
+        scrape.kind("wharf_mqtt_session_lease_transitions_total"),
+        Some("counter")
+    );
+    assert_eq!(
+        scrape.expect(
+            "wharf_mqtt_session_lease_transitions_total",
+            &[("session", "plant")]
+        ),
+        5.0
+    );
+    assert_eq!(
+        scrape.value("wharf_mqtt_session_lease_held", &[("session", "yard")]),
+        None
+    );
     for (session, at) in [("plant", "full"), ("yard", "subscribed")] {
         for level in [
             "starting",

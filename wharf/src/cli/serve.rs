@@ -100,6 +100,7 @@ fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
             holder: l.holder.clone(),
             token: l.token,
             expires_at: l.expires_at,
+            transitions: l.transitions,
         }),
     }
 }

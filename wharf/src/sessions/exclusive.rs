@@ -179,11 +179,18 @@ impl Exclusive<'_> {
                     "standby: the lease is held by {holder} (token {token}) until {}",
                     expires_at.to_rfc3339()
                 );
+                let transitions = self
+                    .status
+                    .borrow()
+                    .lease
+                    .as_ref()
+                    .map_or(0, |l| l.transitions);
                 let view = LeaseView {
                     held: false,
                     holder: Some(holder.as_str().to_owned()),
                     token: Some(token.get()),
                     expires_at: Some(expires_at),
+                    transitions,
                 };
                 AcquireResult::Standby(reason, view)
             }
@@ -362,11 +369,15 @@ impl Exclusive<'_> {
     ) {
         let holder = self.holder.as_str().to_owned();
         self.status.send_modify(|s| {
+            let was_held = s.lease.as_ref().is_some_and(|l| l.held);
+            let transitions =
+                s.lease.as_ref().map_or(0, |l| l.transitions) + u64::from(was_held != held);
             s.lease = Some(LeaseView {
                 held,
                 holder: held.then_some(holder),
                 token: token.map(FencingToken::get),
                 expires_at,
+                transitions,
             });
         });
     }

@@ -99,6 +99,8 @@ pub struct LeaseView {
     pub token: Option<u64>,
     /// When that ownership lapses unless renewed, by the store's clock.
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// How many times this runtime became or stopped being the holder.
+    pub transitions: u64,
 }
 
 /// A running session; dropping it does not stop it: call [`SessionRuntime::shutdown`].
