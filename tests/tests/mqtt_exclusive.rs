@@ -158,3 +158,85 @@ on_both_backends!(
     an_unseeded_exclusive_session_fails_closed_and_releases,
     an_unseeded_exclusive_session_never_connects
 );
+
+/// One permanently refused SUBSCRIBE fails the whole reconcile of an exclusive session: each
+/// round releases the lease, supervision retries with backoff and readiness stays below Full;
+/// once the broker allows the filter, the next round converges and keeps the lease.
+async fn a_refused_subscribe_releases_the_lease_each_round(backend: Backend) {
+    use wharf_tests::broker::{anonymous_dynsec, Broker, BrokerConfig};
+    let ts = TestStore::new(backend).await;
+    let root = unique("excl-deny");
+    let (allowed, denied) = (format!("{root}/ok/#"), format!("{root}/denied/#"));
+    let only_allowed = anonymous_dynsec(&[("subscribePattern", &allowed, true)]);
+    let mut broker = Broker::start(BrokerConfig::dynsec(only_allowed).persistent());
+    let mut config = exclusive_config(&ts, &unique("wharf-excl-deny"), &[]);
+    let session = config.mqtt.sessions.get_mut("plant").expect("plant");
+    session.brokers = vec![broker.url()];
+    session.subscriptions = [&allowed, &denied]
+        .into_iter()
+        .map(|filter| wharf::config::SubscriptionConfig {
+            filter: filter.clone(),
+            qos: 1,
+            topic: "sensors".to_owned(),
+        })
+        .collect();
+    let id = session_id(&config);
+    ts.wharf()
+        .seed_session_baseline(&id, &[])
+        .await
+        .expect("seed");
+    let runtime = start(&ts, &config).await;
+    let refusal = format!("\"{denied}\" refused with reason 0x87");
+    let failed = wait_status(&runtime, "the refused SUBSCRIBE", |s| {
+        s.reason.as_deref().is_some_and(|r| r.contains(&refusal)) && !holds(s)
+    })
+    .await;
+    assert!(failed.level < SessionLevel::Full, "{failed:?}");
+    // A second round fails the same way and gives the lease back again.
+    wait_status(&runtime, "a second acquire", |s| {
+        s.lease.as_ref().and_then(|l| l.token) == Some(2)
+    })
+    .await;
+    let again = wait_status(&runtime, "the second refusal", |s| {
+        s.reason.as_deref().is_some_and(|r| r.contains(&refusal)) && !holds(s)
+    })
+    .await;
+    assert!(again.level < SessionLevel::Full);
+    let rounds: Vec<String> = ts
+        .store
+        .load(LEASE_AGGREGATE, &id)
+        .await
+        .expect("lease events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .filter(|t| t != "LeaseRenewed")
+        .take(4)
+        .collect();
+    assert_eq!(
+        rounds,
+        [
+            "LeaseAcquired",
+            "LeaseReleased",
+            "LeaseAcquired",
+            "LeaseReleased"
+        ]
+    );
+
+    let both = anonymous_dynsec(&[
+        ("subscribePattern", &allowed, true),
+        ("subscribePattern", &denied, true),
+    ]);
+    wharf_tests::sessions::blocking(|| {
+        broker.restart_with(BrokerConfig::dynsec(both).persistent())
+    });
+    wait_status(&runtime, "Full once allowed, holding the lease", |s| {
+        s.level == SessionLevel::Full && holds(s)
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+on_both_backends!(
+    a_refused_subscribe_releases_an_exclusive_lease_each_round,
+    a_refused_subscribe_releases_the_lease_each_round
+);

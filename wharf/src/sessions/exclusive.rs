@@ -423,3 +423,65 @@ fn step_down_reason(action: RenewerAction, renewer: &Renewer) -> StepDownReason 
         RenewerAction::Renew => deadline_missed(renewer),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(connect: u64, subscribe: u64, store: u64, grace: u64) -> RuntimeSettings {
+        RuntimeSettings {
+            unmatched_grace: Duration::from_millis(grace),
+            connect_timeout: Duration::from_millis(connect),
+            subscribe_timeout: Duration::from_millis(subscribe),
+            ingest_batch: 100,
+            password: None,
+            retry_base: Duration::from_secs(1),
+            retry_cap: Duration::from_secs(30),
+            store_deadline: Duration::from_millis(store),
+            tls: None,
+            lease: wharf_domain::lease::LeaseTiming::default(),
+        }
+    }
+
+    /// 2 x connect + 2 x subscribe + 1 x unsubscribe (the subscribe timeout) + 1 x quiescence
+    /// (the store deadline) + 2 x unmatched_grace, as ADR 0028 and ADR 0030 state it.
+    fn formula(connect: u64, subscribe: u64, store: u64, grace: u64) -> Duration {
+        Duration::from_millis(2 * connect + 3 * subscribe + store + 2 * grace)
+    }
+
+    #[test]
+    fn the_activation_bound_is_the_documented_formula() {
+        let every_phase_at_30s = settings(30_000, 30_000, 30_000, 30_000);
+        assert_eq!(
+            activation_bound(&every_phase_at_30s),
+            Duration::from_secs(240)
+        );
+        // Wharf's defaults: 30 s MQTT timeouts, a 10 s store deadline (a third of the 30 s
+        // instance TTL), a 5 s unmatched grace.
+        let defaults = settings(30_000, 30_000, 10_000, 5_000);
+        assert_eq!(activation_bound(&defaults), Duration::from_secs(170));
+        for (connect, subscribe, store, grace) in [
+            (5_000, 10_000, 1_667, 300),
+            (1, 2, 3, 4),
+            (60_000, 5_000, 20_000, 0),
+        ] {
+            assert_eq!(
+                activation_bound(&settings(connect, subscribe, store, grace)),
+                formula(connect, subscribe, store, grace),
+                "{connect} {subscribe} {store} {grace}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_runtime_is_a_holder_of_its_own() {
+        let (a, b) = (next_holder(), next_holder());
+        assert_ne!(a, b);
+        let process = crate::declarer::process_declarer();
+        let pid = format!(":{}:", std::process::id());
+        assert!(
+            a.as_str().contains(&pid),
+            "{a} names the process ({process})"
+        );
+    }
+}
