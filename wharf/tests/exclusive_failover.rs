@@ -237,6 +237,31 @@ async fn a_stopped_holder_is_replaced_and_steps_down_when_resumed() {
         .any(|(_, _, t, p, _)| t == "LeaseReleased" && p["holder"] == holder.as_str());
     assert!(!released_by_stale, "the stale holder's release was refused");
     assert_no_stale_write(&events);
+    let audit = store
+        .run(&[
+            "--config",
+            "wharf.toml",
+            "audit",
+            "sessions",
+            "--session",
+            "plant",
+            "--lease",
+            "--json",
+        ])
+        .await;
+    let audit: Value = serde_json::from_str(audit.success()).unwrap();
+    let kinds: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .filter(|e| *e != "LeaseRenewed")
+        .collect();
+    assert_eq!(
+        kinds[..3],
+        ["LeaseAcquired", "LeaseExpired", "LeaseAcquired"],
+        "the audit shows the takeover: {audit}"
+    );
     other.running.terminate().await;
     stale.running.terminate().await;
 }
@@ -289,6 +314,10 @@ async fn sigkills_during_activation_never_land_a_stale_write() {
         .map(|f| f["filter"].as_str().unwrap().to_owned())
         .collect();
     recorded.sort();
+    assert!(
+        shown["lease"]["holder"].is_string(),
+        "show names the holder: {shown}"
+    );
     let mut expected = desired.clone();
     expected.sort();
     assert_eq!(recorded, expected, "the history is exactly the desired set");

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use wharf::config::ResolvedSession;
 use wharf::domain::session::{ExactFilter, ManagedFilterEvent};
-use wharf::projections::{managed_sessions, ManagedSessionView};
+use wharf::projections::{managed_sessions, session_leases, LeaseRow, ManagedSessionView};
 use wharf::sessions::{find_session, parse_seed_spec, SessionLedger};
 use wharf::Config;
 
@@ -230,6 +230,10 @@ async fn show(config: &Config, args: ShowArgs, plan_only: bool) -> anyhow::Resul
         .await?
         .into_iter()
         .next();
+    let lease = session_leases(&store, Some(&session_id))
+        .await?
+        .into_iter()
+        .next();
     if args.json {
         #[derive(serde::Serialize)]
         struct Shown<'a> {
@@ -237,6 +241,7 @@ async fn show(config: &Config, args: ShowArgs, plan_only: bool) -> anyhow::Resul
             identity: Option<String>,
             desired: Option<Vec<String>>,
             recorded: Option<&'a ManagedSessionView>,
+            lease: Option<&'a LeaseRow>,
         }
         let shown = Shown {
             session_id: &session_id,
@@ -248,6 +253,7 @@ async fn show(config: &Config, args: ShowArgs, plan_only: bool) -> anyhow::Resul
                     .collect()
             }),
             recorded: recorded.as_ref(),
+            lease: lease.as_ref(),
         };
         println!("{}", serde_json::to_string_pretty(&shown)?);
         return Ok(ExitCode::SUCCESS);
@@ -255,6 +261,9 @@ async fn show(config: &Config, args: ShowArgs, plan_only: bool) -> anyhow::Resul
     println!("session {session_id}");
     if let Some(s) = &configured {
         println!("  configured as {}: {}", s.name, s.identity.describe());
+    }
+    if let Some(lease) = &lease {
+        println!("  lease: {}", lease_text(lease));
     }
     let Some(view) = recorded else {
         println!(
@@ -278,6 +287,18 @@ async fn show(config: &Config, args: ShowArgs, plan_only: bool) -> anyhow::Resul
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The lease row for people: who holds it with which token until when, or that it is free.
+fn lease_text(lease: &LeaseRow) -> String {
+    match (&lease.holder, lease.expires_at) {
+        (Some(holder), Some(expires_at)) => format!(
+            "held by {holder} with token {} until {} (store clock)",
+            lease.token,
+            expires_at.format("%Y-%m-%dT%H:%M:%S%.3fZ")
+        ),
+        _ => format!("free (last token {})", lease.token),
+    }
 }
 
 fn outcome_text(requested: Option<i16>, granted: Option<i16>, reason: Option<i16>) -> String {
