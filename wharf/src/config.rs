@@ -31,7 +31,8 @@ pub use store::StoreConfig;
 
 pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
 pub use mqtt::{
-    ClientIdSuffix, MqttConfig, ResolvedSession, SessionConfig, SubscriptionConfig, TlsFiles,
+    ClientIdSuffix, MqttConfig, ReloadStrategy, ResolvedSession, SessionConfig, SubscriptionConfig,
+    TlsFiles,
 };
 
 /// The whole configuration.

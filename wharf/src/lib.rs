@@ -55,6 +55,7 @@ pub mod handler;
 mod publish_listener;
 mod runtime;
 pub mod sessions;
+pub mod supervisor;
 
 use std::sync::Arc;
 

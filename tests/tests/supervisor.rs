@@ -1,0 +1,378 @@
+//! The session supervisor's reloads against a private Mosquitto and both store backends: the
+//! identity guard refuses an identity change (client id, mode, broker, removal; even with
+//! `allow_destructive_reload`) and a restart-only key, and the old runtime keeps running
+//! untouched; a credential change swaps; an ACL-denied filter is applied, then degraded, then
+//! cleared by the fix; the debounced strategy folds rapid requests into one swap where the
+//! direct one makes one per request. Swaps are counted by the supervisor's generation and
+//! metrics, never by time.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use wharf::config::SessionConfig;
+use wharf::domain::session::{SessionLevel, SessionMode};
+use wharf::sessions::SessionStatus;
+use wharf::supervisor::{ConfigLoader, ConfigWatch, ReloadOutcome, Supervisor};
+use wharf::{Config, WharfError};
+use wharf_tests::broker::{anonymous_dynsec, Broker, BrokerConfig};
+use wharf_tests::sessions::{blocking, publish, session_config, session_id, unique};
+use wharf_tests::{on_both_backends, Backend, TestStore};
+
+/// The longest any wait of these tests may take.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The configuration the next reload loads: a test sets it, as an operator edits a file.
+#[derive(Clone)]
+struct Source(Arc<Mutex<Result<Config, String>>>);
+
+impl Source {
+    fn new(config: &Config) -> Self {
+        Self(Arc::new(Mutex::new(Ok(config.clone()))))
+    }
+
+    fn set(&self, config: &Config) {
+        *self.0.lock().unwrap() = Ok(config.clone());
+    }
+
+    fn fail(&self, why: &str) {
+        *self.0.lock().unwrap() = Err(why.to_owned());
+    }
+
+    fn loader(&self) -> ConfigLoader {
+        let source = self.0.clone();
+        Arc::new(move || source.lock().unwrap().clone().map_err(WharfError::Config))
+    }
+}
+
+/// Small timeouts, so the activation budget is a few seconds:
+/// 2x1s + 2x1s + 1s + 1s (drain) + 2x200ms = 6.4s.
+fn quick(mut config: Config) -> Config {
+    config.mqtt.connect_timeout = Duration::from_secs(1);
+    config.mqtt.subscribe_timeout = Duration::from_secs(1);
+    config.mqtt.drain_timeout = Duration::from_secs(1);
+    config.mqtt.unmatched_grace = Duration::from_millis(200);
+    config
+}
+
+async fn wait_session(
+    supervisor: &Supervisor,
+    what: &str,
+    condition: impl Fn(&SessionStatus) -> bool,
+) -> SessionStatus {
+    let mut watch = supervisor.session_watches().remove(0);
+    let found = tokio::time::timeout(DEADLINE, async {
+        watch.wait_for(|s| condition(s)).await.map(|s| s.clone())
+    })
+    .await;
+    match found {
+        Ok(Ok(status)) => status,
+        _ => panic!("timed out waiting for {what}: {:?}", supervisor.sessions()),
+    }
+}
+
+async fn wait_config(
+    supervisor: &Supervisor,
+    what: &str,
+    condition: impl Fn(&ConfigWatch) -> bool,
+) -> ConfigWatch {
+    let mut watch: watch::Receiver<ConfigWatch> = supervisor.watch_config();
+    let found = tokio::time::timeout(DEADLINE, async {
+        watch.wait_for(|w| condition(w)).await.map(|w| w.clone())
+    })
+    .await;
+    match found {
+        Ok(Ok(state)) => state,
+        _ => panic!(
+            "timed out waiting for {what}: {:?}",
+            supervisor.config_watch()
+        ),
+    }
+}
+
+/// The value of the series `line_prefix` (a name with its labels) in `/metrics` text.
+async fn metric(wharf: &wharf::Wharf, series: &str) -> Option<f64> {
+    let text = wharf.metrics().render(&[], Duration::from_secs(1)).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn identity_changes_are_refused_and_a_credential_change_reloads(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let broker = Broker::start(BrokerConfig::default());
+    let root = unique("sup-guard");
+    let filter = format!("{root}/#");
+    let config = quick(session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-guard"),
+        &[(&filter, 1)],
+        Duration::from_millis(200),
+    ));
+    let wharf = ts.wharf();
+    wharf
+        .seed_session_baseline(&session_id(&config), &[])
+        .await
+        .expect("seed");
+    let source = Source::new(&config);
+    let supervisor = Supervisor::start(&wharf, config.clone(), source.loader()).expect("starts");
+    let full = wait_session(&supervisor, "full", |s| s.level == SessionLevel::Full).await;
+    let generation = full.generation;
+
+    let plant = |config: &mut Config| config.mqtt.sessions.get_mut("plant").unwrap().clone();
+    let mut changes: Vec<(&str, Config)> = Vec::new();
+    let mut client = config.clone();
+    client.mqtt.sessions.get_mut("plant").unwrap().client_id = unique("renamed");
+    changes.push(("client_id", client));
+    let mut mode = config.clone();
+    let session = mode.mqtt.sessions.get_mut("plant").unwrap();
+    session.mode = SessionMode::Ephemeral;
+    session.session_expiry = None;
+    changes.push(("mode", mode));
+    let mut moved = config.clone();
+    moved.mqtt.sessions.get_mut("plant").unwrap().brokers = vec!["mqtt://127.0.0.1:1".into()];
+    moved.mqtt.allow_destructive_reload = true;
+    changes.push(("brokers", moved));
+    let mut removed = config.clone();
+    let kept = plant(&mut removed);
+    removed.mqtt.sessions.clear();
+    removed
+        .mqtt
+        .sessions
+        .insert("other".into(), SessionConfig { ..kept });
+    changes.push(("would be removed", removed));
+    for (what, next) in &changes {
+        source.set(next);
+        let report = supervisor.reload("test").await.expect("a report");
+        assert_eq!(report.outcome, ReloadOutcome::Refused, "{what}: {report:?}");
+        let reason = report.reason.unwrap_or_default();
+        assert!(reason.contains("identity guard"), "{what}: {reason}");
+        assert!(reason.contains("mqtt.sessions.plant"), "{what}: {reason}");
+        assert!(reason.contains(what), "{what}: {reason}");
+        if next.mqtt.allow_destructive_reload {
+            assert!(reason.contains("does not bypass"), "{reason}");
+        }
+    }
+    // A key outside mqtt, and a file that does not load, are refused too, naming the key.
+    let mut listen = config.clone();
+    listen.http.listen = "127.0.0.1:1".parse().unwrap();
+    source.set(&listen);
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Refused);
+    assert!(
+        report.reason.as_deref().unwrap().contains("http.listen"),
+        "{report:?}"
+    );
+    source.fail("mqtt.ingest_batch must be between 1 and 10000, got 0");
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Refused);
+    assert!(report
+        .reason
+        .as_deref()
+        .unwrap()
+        .contains("mqtt.ingest_batch"));
+    assert_eq!(
+        metric(&wharf, "wharf_config_reloads_total{outcome=\"refused\"}").await,
+        Some(changes.len() as f64 + 2.0)
+    );
+    assert_eq!(
+        metric(&wharf, "wharf_config_last_reload_successful").await,
+        Some(0.0)
+    );
+
+    // The old runtime is untouched: the same connection, still Full, still ingesting.
+    assert_eq!(supervisor.config_watch().applied_generation, 1);
+    let now = supervisor.sessions().remove(0);
+    assert_eq!(
+        (now.generation, now.level),
+        (generation, SessionLevel::Full)
+    );
+    publish(broker.port, &format!("{root}/a"), "after the refusals").await;
+    let ingested = wait_session(&supervisor, "the message ingested", |s| s.ingested >= 1).await;
+    assert_eq!(ingested.generation, generation, "no new connection");
+
+    // A credential change is not identity: it swaps (generation 2) and the new runtime runs.
+    let mut rotated = config.clone();
+    let session = rotated.mqtt.sessions.get_mut("plant").unwrap();
+    session.username = Some("ingest".into());
+    session.password = Some("rotated-secret".into());
+    source.set(&rotated);
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Applied, "{report:?}");
+    assert_eq!(report.generation, 2);
+    assert_eq!(supervisor.config_watch().applied_generation, 2);
+    assert_eq!(
+        metric(&wharf, "wharf_config_last_reload_successful").await,
+        Some(1.0)
+    );
+    assert!(metric(&wharf, "wharf_config_last_reload_success_timestamp_seconds").await > Some(0.0));
+    wait_session(&supervisor, "the new runtime at full", |s| {
+        s.level == SessionLevel::Full && s.ingested == 0
+    })
+    .await;
+    publish(broker.port, &format!("{root}/b"), "after the swap").await;
+    wait_session(&supervisor, "the new runtime ingesting", |s| {
+        s.ingested >= 1
+    })
+    .await;
+    wait_config(&supervisor, "generation 2 converged", |w| {
+        w.converged_generation == 2
+    })
+    .await;
+    // The same file again changes nothing.
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Unchanged);
+    assert_eq!(report.generation, 2);
+    supervisor.shutdown().await;
+}
+
+on_both_backends!(
+    identity_guard,
+    identity_changes_are_refused_and_a_credential_change_reloads
+);
+
+async fn an_acl_denied_filter_is_applied_then_degraded_then_cleared(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("sup-acl");
+    let (allowed, denied, fixed) = (
+        format!("{root}/ok/#"),
+        format!("{root}/denied/#"),
+        format!("{root}/fixed/#"),
+    );
+    let rules = anonymous_dynsec(&[
+        ("subscribePattern", &allowed, true),
+        ("subscribePattern", &fixed, true),
+    ]);
+    let broker = blocking(|| Broker::start(BrokerConfig::dynsec(rules).persistent()));
+    let config = quick(session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-acl"),
+        &[(&allowed, 1)],
+        Duration::from_millis(200),
+    ));
+    let wharf = ts.wharf();
+    wharf
+        .seed_session_baseline(&session_id(&config), &[])
+        .await
+        .expect("seed");
+    let source = Source::new(&config);
+    let supervisor = Supervisor::start(&wharf, config.clone(), source.loader()).expect("starts");
+    wait_config(&supervisor, "generation 1 converged", |w| {
+        w.converged_generation == 1
+    })
+    .await;
+
+    let with_denied = {
+        let mut c = config.clone();
+        let subs = &mut c.mqtt.sessions.get_mut("plant").unwrap().subscriptions;
+        subs.push(wharf::config::SubscriptionConfig {
+            filter: denied.clone(),
+            qos: 1,
+            topic: "sensors".into(),
+        });
+        c
+    };
+    source.set(&with_denied);
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(
+        report.outcome,
+        ReloadOutcome::Applied,
+        "applied first: {report:?}"
+    );
+    let degraded = wait_config(&supervisor, "degraded", |w| w.degraded).await;
+    assert_eq!(
+        (degraded.applied_generation, degraded.converged_generation),
+        (2, 1)
+    );
+    let reason = degraded.reason.unwrap_or_default();
+    assert!(reason.contains("applied but not converged"), "{reason}");
+    assert!(reason.contains("plant"), "{reason}");
+    assert!(
+        reason.contains("0x87") || reason.contains(&denied),
+        "{reason}"
+    );
+    assert_eq!(metric(&wharf, "wharf_config_degraded").await, Some(1.0));
+    assert!(
+        metric(
+            &wharf,
+            "wharf_mqtt_reconcile_outcomes_total{outcome=\"failed\",session=\"plant\"}"
+        )
+        .await
+            >= Some(1.0)
+    );
+
+    // The fix: the denied filter replaced by an allowed one.
+    let mut repaired = config.clone();
+    repaired
+        .mqtt
+        .sessions
+        .get_mut("plant")
+        .unwrap()
+        .subscriptions[0]
+        .filter = fixed.clone();
+    source.set(&repaired);
+    let report = supervisor.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Applied, "{report:?}");
+    let cleared = wait_config(&supervisor, "converged again", |w| {
+        w.converged_generation == 3
+    })
+    .await;
+    assert!(!cleared.degraded && cleared.reason.is_none(), "{cleared:?}");
+    assert_eq!(metric(&wharf, "wharf_config_degraded").await, Some(0.0));
+    assert_eq!(
+        metric(&wharf, "wharf_config_converged_generation").await,
+        Some(3.0)
+    );
+    supervisor.shutdown().await;
+}
+
+on_both_backends!(
+    acl_degraded,
+    an_acl_denied_filter_is_applied_then_degraded_then_cleared
+);
+
+/// `requests` reload requests, each with a different `mqtt.ingest_batch`, made back to back;
+/// returns the generation in effect once they were all answered.
+async fn rapid_requests(strategy: &str, requests: u32) -> (u64, u64) {
+    let ts = TestStore::new(Backend::Sqlite).await;
+    let broker = Broker::start(BrokerConfig::default());
+    let mut config = quick(ts.config());
+    config.mqtt.reload_strategy = match strategy {
+        "debounced" => wharf::config::ReloadStrategy::Debounced,
+        _ => wharf::config::ReloadStrategy::Direct,
+    };
+    config.mqtt.reload_window = Duration::from_secs(2);
+    let mut session = SessionConfig::new(&broker.url(), &unique("wharf-rapid"));
+    session.mode = SessionMode::Ephemeral;
+    config.mqtt.sessions.insert("live".into(), session);
+    let wharf = ts.wharf();
+    let source = Source::new(&config);
+    let supervisor = Supervisor::start(&wharf, config.clone(), source.loader()).expect("starts");
+    for i in 0..requests {
+        let mut next = config.clone();
+        next.mqtt.ingest_batch = 10 + i;
+        source.set(&next);
+        supervisor.request_reload("write");
+    }
+    // One more, answered after every earlier one (requests are handled in order).
+    let last = supervisor.reload("write").await.expect("a report");
+    let swaps = metric(&wharf, "wharf_config_reloads_total{outcome=\"applied\"}")
+        .await
+        .unwrap_or(0.0) as u64;
+    assert_eq!(
+        supervisor.config_watch().applied_generation,
+        last.generation
+    );
+    supervisor.shutdown().await;
+    (last.generation, swaps)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn debounced_folds_rapid_writes_into_one_swap_and_direct_makes_one_each() {
+    let (generation, swaps) = rapid_requests("direct", 5).await;
+    // Five distinct configurations, five swaps; the sixth request loads the fifth again.
+    assert_eq!((generation, swaps), (6, 5));
+    let (generation, swaps) = rapid_requests("debounced", 5).await;
+    assert_eq!((generation, swaps), (2, 1));
+}
