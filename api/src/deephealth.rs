@@ -279,6 +279,10 @@ pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {
                 state.ready_timeout_value()
             )),
         };
+    let mut report = report;
+    if reachable.is_ok() {
+        heartbeats(&state, &mut report.consumers).await;
+    }
     let (code, body) = render(&report, &reachable);
     (
         code,
@@ -286,6 +290,45 @@ pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+/// Fills in each consumer's last confirmed heartbeat from its group's instances (the first
+/// page of up to 1,000 per group), within the ready timeout; what is not found stays absent.
+async fn heartbeats(state: &ApiState, consumers: &mut [ConsumerReport]) {
+    let groups: std::collections::BTreeSet<String> = consumers
+        .iter()
+        .filter(|c| c.last_heartbeat.is_none())
+        .map(|c| c.group.clone())
+        .collect();
+    let query = wharf_projections::MemberQuery {
+        limit: 1_000,
+        ..wharf_projections::MemberQuery::default()
+    };
+    let reads = async {
+        let mut seen = Vec::new();
+        for group in groups {
+            let Ok(name) = wharf_domain::GroupName::parse("group", &group) else {
+                continue;
+            };
+            if let Ok(Some(view)) = state.read_model().group_members(&name, &query).await {
+                seen.extend(
+                    view.instances
+                        .into_iter()
+                        .map(|i| (i.declarer, i.heartbeat_at)),
+                );
+            }
+        }
+        seen
+    };
+    let Ok(seen) = tokio::time::timeout(state.ready_timeout_value(), reads).await else {
+        return;
+    };
+    for consumer in consumers.iter_mut().filter(|c| c.last_heartbeat.is_none()) {
+        consumer.last_heartbeat = seen
+            .iter()
+            .find(|(declarer, _)| *declarer == consumer.declarer)
+            .map(|(_, at)| *at);
+    }
 }
 
 #[cfg(test)]

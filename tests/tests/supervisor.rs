@@ -376,3 +376,83 @@ async fn debounced_folds_rapid_writes_into_one_swap_and_direct_makes_one_each() 
     let (generation, swaps) = rapid_requests("debounced", 5).await;
     assert_eq!((generation, swaps), (2, 1));
 }
+
+/// Deep health shows this process's consumers (group, instance, state) with the heartbeat the
+/// store confirmed, beside the supervisor's config watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deep_health_reports_the_consumers_of_this_process() {
+    let ts = TestStore::new(Backend::Sqlite).await;
+    let wharf = ts.wharf();
+    let registration =
+        wharf::Registration::new("billing", "orders", "1", &["orders/#"]).expect("valid");
+    let consumer = wharf.consume(registration);
+    let mut state = consumer.watch();
+    tokio::time::timeout(DEADLINE, state.wait_for(|s| s.is_ready()))
+        .await
+        .expect("consuming in time")
+        .expect("the consumer runs");
+    let source = Source::new(&ts.config());
+    let supervisor =
+        Arc::new(Supervisor::start(&wharf, ts.config(), source.loader()).expect("starts"));
+    wait_config(&supervisor, "no session: converged", |w| {
+        w.converged_generation == 1
+    })
+    .await;
+    let (of, consumers_of) = (supervisor.clone(), wharf.clone());
+    let api = wharf_api::ApiState::new(wharf.read_model().clone()).with_deep_health(move || {
+        let watch = of.config_watch();
+        wharf_api::DeepReport {
+            sessions: Vec::new(),
+            config_watch: Some(wharf_api::ConfigWatchReport {
+                applied_generation: watch.applied_generation,
+                converged_generation: watch.converged_generation,
+                degraded: watch.degraded,
+                reason: watch.reason,
+                strategy: watch.strategy.to_owned(),
+                last_reload: None,
+            }),
+            consumers: consumers_of
+                .consumer_health()
+                .iter()
+                .map(|c| wharf_api::ConsumerReport {
+                    group: c.group.clone(),
+                    declarer: c.declarer.clone(),
+                    state: c.state_name().to_owned(),
+                    reason: c.reason().map(str::to_owned),
+                    last_heartbeat: None,
+                })
+                .collect(),
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(wharf_api::serve(listener, api, async move {
+        let _ = stopped.await;
+    }));
+    let response = reqwest::get(format!("http://{address}/api/v1/monitor/deephealth"))
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["status"], "pass", "{body}");
+    let listed = &body["consumers"][0];
+    assert_eq!(listed["group"], "billing", "{body}");
+    assert_eq!(listed["declarer"], consumer.declarer().to_string());
+    assert_eq!(listed["state"], "consuming");
+    assert!(listed["last_heartbeat"].is_string(), "{body}");
+    assert_eq!(body["checks"]["consumer:state"][0]["status"], "pass");
+    assert_eq!(body["config_watch"]["converged_generation"], 1, "{body}");
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    consumer.shutdown().await;
+    assert!(
+        wharf.consumer_health().is_empty(),
+        "a stopped consumer leaves the list"
+    );
+    Arc::try_unwrap(supervisor)
+        .ok()
+        .expect("one owner")
+        .shutdown()
+        .await;
+}
