@@ -136,9 +136,27 @@ async fn a_rewritten_file_is_refused_on_identity_and_applied_on_tuning(backend: 
         metrics.contains("wharf_config_last_reload_successful 0\n"),
         "{metrics}"
     );
-    assert!(metrics.contains("wharf_config_reloads_total{outcome=\"refused\"} 1\n"));
+    assert!(
+        metrics.contains("wharf_config_reloads_total{outcome=\"refused\"} 1\n"),
+        "{metrics}"
+    );
     let (code, _, live) = get_text(address, "/healthz").await;
     assert_eq!((code, live.as_str()), (200, "{\"status\":\"pass\"}"));
+
+    // A bad value is refused naming the key and the value; still generation 1.
+    write_config(&store, &config_toml(&broker, &client, "0s", "100ms"));
+    let bad = wait_deep(address, &serve, "the bad value's refusal", |_, b| {
+        watch(b)["last_reload"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("keep_alive"))
+    })
+    .await;
+    let reason = watch(&bad)["last_reload"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("mqtt.sessions.plant.keep_alive") && reason.contains("got 0s"),
+        "{reason}"
+    );
+    assert_eq!(watch(&bad)["applied_generation"], 1);
 
     // A tuning change is applied and converges: generation 2, pass again.
     write_config(&store, &config_toml(&broker, &client, "20s", "100ms"));

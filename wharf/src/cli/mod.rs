@@ -117,14 +117,14 @@ fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
 /// How `serve` loads the configuration again on a reload: the same file, flags and
 /// environment as at start.
 fn reload_loader(global: &GlobalArgs) -> (Option<PathBuf>, wharf::supervisor::ConfigLoader) {
-    let global = GlobalArgs {
-        config: global.config.clone(),
-        store_url: global.store_url.clone(),
-        verbose: global.verbose,
-    };
     let path = global.config.clone();
+    let store_url = global.store_url.clone();
+    let file = path.clone();
     let loader: wharf::supervisor::ConfigLoader = std::sync::Arc::new(move || {
-        Ok(load_config(&global).map_err(|e| wharf::WharfError::Config(format!("{e:#}")))?)
+        let flag = store_url
+            .clone()
+            .map(|url| ("WHARF_STORE__URL".to_owned(), url));
+        Config::load(file.as_deref(), std::env::vars().chain(flag))
     });
     (path, loader)
 }

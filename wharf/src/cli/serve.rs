@@ -82,10 +82,7 @@ pub async fn run(
         });
     wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
-    match std::sync::Arc::try_unwrap(supervisor) {
-        Ok(supervisor) => supervisor.shutdown().await,
-        Err(_) => warn!("the session supervisor is still shared at shutdown; not waiting for it"),
-    }
+    supervisor.shutdown().await;
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
     Ok(ExitCode::SUCCESS)

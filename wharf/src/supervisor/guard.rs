@@ -230,7 +230,8 @@ mod tests {
     #[test]
     fn each_identity_input_is_named() {
         let old = config(&[("plant", plant())]);
-        let cases: [(&str, fn(&mut SessionConfig)); 5] = [
+        type Edit = fn(&mut SessionConfig);
+        let cases: [(&str, Edit); 5] = [
             ("client_id", |s| s.client_id = "other".to_owned()),
             ("brokers", |s| {
                 s.brokers = vec!["mqtt://elsewhere:1883".to_owned()]

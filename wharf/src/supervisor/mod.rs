@@ -160,7 +160,7 @@ pub struct Supervisor {
     shared: Arc<Shared>,
     reloader: Reloader,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
     pollers: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -216,7 +216,7 @@ impl Supervisor {
             shared,
             reloader: Reloader { loader, requests },
             stop,
-            task,
+            task: tokio::sync::Mutex::new(Some(task)),
             pollers: std::sync::Mutex::default(),
         })
     }
@@ -285,14 +285,17 @@ impl Supervisor {
     }
 
     /// Stops reloading, then every session runtime (each disconnects; unacked deliveries stay
-    /// with the broker), and waits for them.
-    pub async fn shutdown(self) {
+    /// with the broker, waited for at most `mqtt.drain_timeout`), and waits for them. Later
+    /// calls return at once.
+    pub async fn shutdown(&self) {
         let _ = self.stop.send(true);
         let pollers = std::mem::take(&mut *self.pollers.lock().unwrap_or_else(|p| p.into_inner()));
         for poller in pollers {
             let _ = poller.await;
         }
-        let _ = self.task.await;
+        if let Some(task) = self.task.lock().await.take() {
+            let _ = task.await;
+        }
     }
 }
 
@@ -395,7 +398,10 @@ impl Running {
     /// The prepare step: `Ok(Some(config))` to swap, `Ok(None)` when nothing changed, or the
     /// refusal. Touches nothing that runs.
     fn prepare(&self, loaded: Result<Config, WharfError>) -> Result<Option<Config>, String> {
-        let next = loaded.map_err(|e| format!("the configuration does not load: {e}"))?;
+        let next = loaded.map_err(|e| match e {
+            WharfError::Config(why) => format!("the configuration does not load: {why}"),
+            other => format!("the configuration does not load: {other}"),
+        })?;
         let restart_only = guard::restart_only_changes(&self.config, &next);
         if !restart_only.is_empty() {
             return Err(format!(

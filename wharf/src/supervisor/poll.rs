@@ -3,7 +3,7 @@
 //! ConfigMap's symlink swap and an edit in place alike, and costs one small read per interval).
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::Reloader;
@@ -35,6 +35,10 @@ pub(super) async fn poll_file(
     }
 }
 
-async fn read(path: &PathBuf) -> Option<Vec<u8>> {
-    tokio::fs::read(path).await.ok()
+async fn read(path: &Path) -> Option<Vec<u8>> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::read(path).ok())
+        .await
+        .ok()
+        .flatten()
 }
