@@ -456,3 +456,65 @@ async fn deep_health_reports_the_consumers_of_this_process() {
         .shutdown()
         .await;
 }
+
+/// A self-signed CA certificate (PEM) named `name` in `dir`, made with `openssl`.
+fn make_ca(dir: &std::path::Path, name: &str) {
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=wharf-reload-test",
+        ])
+        .args([
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args(["-keyout", &format!("{name}.key"), "-out", name])
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A TLS file is read when a runtime starts, so a certificate rotated in place (same path,
+/// same configuration text) is a change a reload applies; an unchanged file is not; and a
+/// file that no longer parses is refused in the prepare, naming the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_certificate_rotated_in_place_reloads_and_a_broken_one_is_refused() {
+    let ts = TestStore::new(Backend::Sqlite).await;
+    let certs = tempfile::tempdir().unwrap();
+    make_ca(certs.path(), "ca.crt");
+    let mut config = quick(ts.config());
+    let mut session = SessionConfig::new("mqtts://127.0.0.1:1", &unique("wharf-tls"));
+    session.mode = SessionMode::Ephemeral;
+    session.tls_ca_file = Some(certs.path().join("ca.crt"));
+    config.mqtt.sessions.insert("secure".into(), session);
+    let wharf = ts.wharf();
+    let source = Source::new(&config);
+    let supervisor = Supervisor::start(&wharf, config.clone(), source.loader()).expect("starts");
+    let same = supervisor.reload("SIGHUP").await.unwrap();
+    assert_eq!(same.outcome, ReloadOutcome::Unchanged, "{same:?}");
+
+    make_ca(certs.path(), "ca.crt");
+    let rotated = supervisor.reload("SIGHUP").await.unwrap();
+    assert_eq!(rotated.outcome, ReloadOutcome::Applied, "{rotated:?}");
+    assert_eq!(rotated.generation, 2);
+
+    std::fs::write(certs.path().join("ca.crt"), "not a certificate").unwrap();
+    let broken = supervisor.reload("SIGHUP").await.unwrap();
+    assert_eq!(broken.outcome, ReloadOutcome::Refused, "{broken:?}");
+    let reason = broken.reason.unwrap_or_default();
+    assert!(reason.contains("mqtt.sessions.secure"), "{reason}");
+    assert_eq!(supervisor.config_watch().applied_generation, 2);
+    supervisor.shutdown().await;
+}

@@ -10,8 +10,9 @@
 //!    (every session resolved, every password and TLS file read); no key outside `mqtt`
 //!    changed (those need a restart: refused naming the key); the identity guard passes
 //!    (`guard.rs`: no persistent or exclusive session changes or loses its durable identity,
-//!    whatever `mqtt.allow_destructive_reload` says). A configuration equal to the running one
-//!    is `unchanged` and swaps nothing. Any refusal is logged with its reason, counted, and
+//!    whatever `mqtt.allow_destructive_reload` says). A configuration equal to the running one,
+//!    TLS files' contents included (a certificate rotated in place is a change), is
+//!    `unchanged` and swaps nothing. Any refusal is logged with its reason, counted, and
 //!    shown in the config watch; the old runtimes keep running exactly as they were.
 //! 2. **Commit**: every session runtime is told to stop and the supervisor waits for them,
 //!    at most the new `mqtt.drain_timeout` (a runtime still busy past it ends at its next
@@ -206,7 +207,9 @@ impl Supervisor {
             generation: 1,
             shared: shared.clone(),
             watchers: Vec::new(),
+            tls: TlsMaterial::new(),
         };
+        running.tls = tls_material(&running.config.mqtt.resolve().unwrap_or_default());
         running.watch();
         let task = tokio::spawn(tracing::Instrument::instrument(
             running.serve(inbox, stop_rx),
@@ -308,6 +311,27 @@ struct Running {
     generation: u64,
     shared: Arc<Shared>,
     watchers: Vec<JoinHandle<()>>,
+    /// The bytes of every TLS file the running runtimes read when they started: a file
+    /// rotated in place (same path, new certificate) is a change a reload applies.
+    tls: TlsMaterial,
+}
+
+/// TLS file contents by path.
+type TlsMaterial = std::collections::BTreeMap<std::path::PathBuf, Vec<u8>>;
+
+/// The contents of every TLS file `sessions` use (unreadable ones are left out: starting
+/// refuses them anyway).
+fn tls_material(sessions: &[crate::config::ResolvedSession]) -> TlsMaterial {
+    let mut files = TlsMaterial::new();
+    for tls in sessions.iter().filter_map(|s| s.tls.as_ref()) {
+        let client = tls.client.iter().flat_map(|(c, k)| [c, k]);
+        for path in tls.ca_file.iter().chain(client) {
+            if let Ok(bytes) = std::fs::read(path) {
+                files.insert(path.clone(), bytes);
+            }
+        }
+    }
+    files
 }
 
 impl Running {
@@ -359,7 +383,7 @@ impl Running {
         let (outcome, reason) = match self.prepare(request.config) {
             Err(reason) => (ReloadOutcome::Refused, Some(reason)),
             Ok(None) => (ReloadOutcome::Unchanged, None),
-            Ok(Some(next)) => match self.commit(next).await {
+            Ok(Some((next, tls))) => match self.commit(next, tls).await {
                 Ok(()) => (ReloadOutcome::Applied, None),
                 Err(reason) => (ReloadOutcome::Failed, Some(reason)),
             },
@@ -397,7 +421,10 @@ impl Running {
 
     /// The prepare step: `Ok(Some(config))` to swap, `Ok(None)` when nothing changed, or the
     /// refusal. Touches nothing that runs.
-    fn prepare(&self, loaded: Result<Config, WharfError>) -> Result<Option<Config>, String> {
+    fn prepare(
+        &self,
+        loaded: Result<Config, WharfError>,
+    ) -> Result<Option<(Config, TlsMaterial)>, String> {
         let next = loaded.map_err(|e| match e {
             WharfError::Config(why) => format!("the configuration does not load: {why}"),
             other => format!("the configuration does not load: {other}"),
@@ -441,19 +468,24 @@ impl Running {
                 .map_err(|e| format!("mqtt.sessions.{}: {e}", session.name))?;
             }
         }
-        if next.mqtt == self.config.mqtt {
+        let tls = tls_material(&sessions);
+        // Unchanged only while the running runtimes are up: after a failed restart of the
+        // previous configuration, the same file starts them again.
+        let up = self.runtimes.len() == sessions.len();
+        if next.mqtt == self.config.mqtt && tls == self.tls && up {
             return Ok(None);
         }
-        Ok(Some(next))
+        Ok(Some((next, tls)))
     }
 
     /// The commit step: stop every runtime, start the new configuration's.
-    async fn commit(&mut self, next: Config) -> Result<(), String> {
+    async fn commit(&mut self, next: Config, tls: TlsMaterial) -> Result<(), String> {
         self.stop_all(next.mqtt.drain_timeout).await;
         match self.wharf.start_sessions_with(&next, self.handler.clone()) {
             Ok(runtimes) => {
                 self.runtimes = runtimes;
                 self.config = next;
+                self.tls = tls;
                 self.generation += 1;
                 self.publish_sessions();
                 self.watch();
