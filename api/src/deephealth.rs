@@ -12,7 +12,7 @@
 //!
 //! `status` is the worst check's: `fail` (HTTP 503) only when the store does not answer;
 //! degraded but serving (a configuration not converged, a refused reload, a session below
-//! `full`, a stalled consumer) is `warn` with HTTP 200. `/healthz` reads none of this.
+//! `full` that is not an exclusive standby, a stalled consumer) is `warn` with HTTP 200. `/healthz` reads none of this.
 
 use std::sync::Arc;
 
@@ -189,7 +189,16 @@ fn checks(report: &DeepReport, store: &Result<(), String>) -> Vec<Check> {
         if let Some(reason) = &s.reason {
             entry["output"] = json!(reason);
         }
-        let status = if s.level == "full" { Pass } else { Warn };
+        // A standby (another process holds the exclusive lease) is healthy from here.
+        let standby = s
+            .lease
+            .as_ref()
+            .is_some_and(|l| !l.held && l.holder.is_some());
+        let status = if s.level == "full" || standby {
+            Pass
+        } else {
+            Warn
+        };
         out.push(check("mqtt-session:level", status, entry));
     }
     for c in &report.consumers {
@@ -398,6 +407,21 @@ mod tests {
             .as_str()
             .is_some_and(|o| o.contains("applied but not converged")));
         assert_eq!(body["config_watch"]["degraded"], true);
+
+        let mut standby = session("starting");
+        standby.lease = Some(LeaseReport {
+            held: false,
+            holder: Some("other:2:b".to_owned()),
+            token: Some(8),
+            expires_at: None,
+        });
+        let elsewhere = DeepReport {
+            sessions: vec![standby],
+            config_watch: Some(watch(false)),
+            consumers: Vec::new(),
+        };
+        let (_, body) = render(&elsewhere, &Ok(()));
+        assert_eq!(body["status"], "pass", "a standby is healthy here: {body}");
 
         let (code, body) = render(&healthy, &Err("sqlite store: gone".to_owned()));
         assert_eq!(

@@ -518,3 +518,72 @@ async fn a_certificate_rotated_in_place_reloads_and_a_broken_one_is_refused() {
     assert_eq!(supervisor.config_watch().applied_generation, 2);
     supervisor.shutdown().await;
 }
+
+/// Two supervisors (two processes of a cluster, here in one) run one exclusive session: the
+/// holder converges, and the standby counts as converged too (nothing for it to do), so
+/// neither is degraded; the identity guard covers exclusive sessions; when the holder's
+/// supervisor shuts down, the standby's session takes over and reaches Full.
+async fn exclusive_sessions_converge_on_the_holder_and_stand_by_elsewhere(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let broker = Broker::start(BrokerConfig::default());
+    let root = unique("sup-excl");
+    let mut config = quick(session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-excl"),
+        &[(&format!("{root}/#"), 1)],
+        Duration::from_millis(200),
+    ));
+    config.mqtt.sessions.get_mut("plant").unwrap().mode = SessionMode::Exclusive;
+    config.lease = wharf::config::LeaseConfig {
+        ttl: Duration::from_secs(2),
+        renew_interval: Duration::from_millis(250),
+        renew_deadline: Duration::from_secs(1),
+    };
+    let (one, two) = (ts.wharf(), ts.wharf());
+    one.seed_session_baseline(&session_id(&config), &[])
+        .await
+        .expect("seed");
+    let source = Source::new(&config);
+    let holder = Supervisor::start(&one, config.clone(), source.loader()).expect("starts");
+    wait_session(&holder, "the holder at full", |s| {
+        s.level == SessionLevel::Full && s.lease.as_ref().is_some_and(|l| l.held)
+    })
+    .await;
+    wait_config(&holder, "the holder converged", |w| {
+        w.converged_generation == 1
+    })
+    .await;
+    let standby = Supervisor::start(&two, config.clone(), source.loader()).expect("starts");
+    let waiting = wait_session(&standby, "the standby", |s| {
+        s.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("standby"))
+    })
+    .await;
+    assert_eq!(waiting.generation, None, "a standby never connects");
+    let state = wait_config(&standby, "the standby converged", |w| {
+        w.converged_generation == 1
+    })
+    .await;
+    assert!(!state.degraded, "{state:?}");
+
+    let mut persistent = config.clone();
+    persistent.mqtt.sessions.get_mut("plant").unwrap().mode = SessionMode::Persistent;
+    source.set(&persistent);
+    let report = standby.reload("test").await.unwrap();
+    assert_eq!(report.outcome, ReloadOutcome::Refused, "{report:?}");
+    assert!(report.reason.unwrap_or_default().contains("mode changed"));
+
+    holder.shutdown().await;
+    wait_session(&standby, "the takeover at full", |s| {
+        s.level == SessionLevel::Full && s.lease.as_ref().is_some_and(|l| l.held)
+    })
+    .await;
+    standby.shutdown().await;
+}
+
+on_both_backends!(
+    exclusive_standby,
+    exclusive_sessions_converge_on_the_holder_and_stand_by_elsewhere
+);

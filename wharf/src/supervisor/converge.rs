@@ -18,27 +18,38 @@ use wharf_domain::session::SessionLevel;
 use wharf_metrics::Metrics;
 
 use super::ConfigWatch;
-use crate::config::MqttConfig;
+use crate::config::Config;
 use crate::sessions::SessionStatus;
 
-/// The activation budget of `mqtt`: [`ActivationPhases::hard_bound`] with the section's
-/// timeouts. The section has one timeout for SUBSCRIBE and UNSUBSCRIBE (`subscribe_timeout`)
-/// and none of its own for ingress quiescence, for which `drain_timeout` (the longest a swap
-/// waits for ingress to settle) stands in.
-pub fn activation_budget(mqtt: &MqttConfig) -> Duration {
+/// The activation budget of `config`: [`ActivationPhases::hard_bound`] with the phases the
+/// session runtime bounds an exclusive activation by (ADR 0030): one timeout for SUBSCRIBE and
+/// UNSUBSCRIBE (`mqtt.subscribe_timeout`), and the ingest quiescence before a recycle, one
+/// handler commit, bounded by the store deadline (a third of `declarations.instance_ttl`).
+pub fn activation_budget(config: &Config) -> Duration {
+    let mqtt = &config.mqtt;
     ActivationPhases {
         connect_timeout: mqtt.connect_timeout,
         subscribe_timeout: mqtt.subscribe_timeout,
         unsubscribe_timeout: mqtt.subscribe_timeout,
-        quiescence_timeout: mqtt.drain_timeout,
+        quiescence_timeout: config.declarations.call_deadline(),
         unmatched_grace: mqtt.unmatched_grace,
     }
     .hard_bound()
 }
 
-/// Converged: at `subscribed` or `full` (every desired filter granted).
+/// Converged: at `subscribed` or `full` (every desired filter granted), or an exclusive
+/// session standing by while another process holds its lease (this process has nothing to
+/// converge; the holder's own watch reports on it).
 pub fn converged(status: &SessionStatus) -> bool {
-    matches!(status.level, SessionLevel::Subscribed | SessionLevel::Full)
+    matches!(status.level, SessionLevel::Subscribed | SessionLevel::Full) || standby(status)
+}
+
+/// An exclusive session whose lease another process holds.
+pub fn standby(status: &SessionStatus) -> bool {
+    status
+        .lease
+        .as_ref()
+        .is_some_and(|l| !l.held && l.holder.is_some())
 }
 
 /// What keeps a generation from converging, for the degraded reason (None when converged).
@@ -170,21 +181,63 @@ pub(super) fn count_reconciles(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sessions::LeaseView;
+
+    fn status(name: &str, level: SessionLevel, lease: Option<LeaseView>) -> SessionStatus {
+        SessionStatus {
+            name: name.to_owned(),
+            session_id: "ms-0".to_owned(),
+            identity: String::new(),
+            level,
+            reason: Some("why".to_owned()),
+            generation: None,
+            pending_stale: Vec::new(),
+            last_reconcile: None,
+            ingested: 0,
+            held: 0,
+            dropped_unmatched: 0,
+            lease,
+        }
+    }
 
     #[test]
-    fn the_budget_is_the_activation_bound_at_the_section_timeouts() {
-        let mqtt = MqttConfig {
-            connect_timeout: Duration::from_secs(30),
-            subscribe_timeout: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(30),
-            unmatched_grace: Duration::from_secs(30),
-            ..MqttConfig::default()
+    fn behind_names_each_session_below_subscribed_but_not_a_standby() {
+        let standby = LeaseView {
+            held: false,
+            holder: Some("other:1:a".to_owned()),
+            token: Some(3),
+            expires_at: None,
+            transitions: 0,
         };
-        assert_eq!(activation_budget(&mqtt), Duration::from_secs(240));
-        // The defaults: 2x30 + 2x30 + 30 + 30 (drain) + 2x5 (grace) = 190 s.
+        let released = LeaseView {
+            holder: None,
+            ..standby.clone()
+        };
+        let statuses = [
+            status("a", SessionLevel::Full, None),
+            status("b", SessionLevel::Subscribed, None),
+            status("c", SessionLevel::Starting, Some(standby)),
+            status("d", SessionLevel::Connected, None),
+            status("e", SessionLevel::Starting, Some(released)),
+        ];
         assert_eq!(
-            activation_budget(&MqttConfig::default()),
-            Duration::from_secs(190)
+            behind(&statuses).as_deref(),
+            Some("d is connected: why; e is starting: why")
+        );
+        assert_eq!(behind(&statuses[..3]), None);
+    }
+
+    #[test]
+    fn the_budget_is_the_activation_bound_at_the_configured_timeouts() {
+        let mut config = Config::default();
+        config.mqtt.unmatched_grace = Duration::from_secs(30);
+        config.declarations.instance_ttl = Duration::from_secs(90);
+        // Every phase at 30 s: the design record's 4 minutes.
+        assert_eq!(activation_budget(&config), Duration::from_secs(240));
+        // The defaults: 2x30 + 2x30 + 30 + 10 (store deadline, 30 s TTL / 3) + 2x5 = 170 s.
+        assert_eq!(
+            activation_budget(&Config::default()),
+            Duration::from_secs(170)
         );
     }
 }

@@ -31,7 +31,7 @@ mod converge;
 pub mod guard;
 mod poll;
 
-pub use converge::{activation_budget, behind, converged};
+pub use converge::{activation_budget, behind, converged, standby};
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -579,7 +579,7 @@ impl Running {
         self.watchers.push(converge::watch_generation(
             generation,
             sessions,
-            activation_budget(&self.config.mqtt),
+            activation_budget(&self.config),
             self.shared.state.clone(),
             metrics,
         ));

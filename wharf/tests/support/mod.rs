@@ -429,16 +429,6 @@ impl Running {
             .unwrap_or_else(|| panic!("no address in {line}"))
     }
 
-    /// Sends `signal` (`HUP`, `STOP`...) without waiting for anything.
-    pub fn signal(&self, signal: &str) {
-        let pid = self.child.id().expect("still running").to_string();
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} {pid}");
-    }
-
     /// Sends SIGTERM and waits for the exit; returns the exit code (the rest of the output
     /// is in `seen`).
     pub async fn terminate(&mut self) -> Option<i32> {
