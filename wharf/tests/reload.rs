@@ -30,8 +30,11 @@ fn config_toml(broker: &Broker, client_id: &str, keep_alive: &str, poll: &str) -
     )
 }
 
+/// Replaces `wharf.toml` at once (a write and a rename), as a deploy tool does.
 fn write_config(store: &TestStore, text: &str) {
-    std::fs::write(store.dir.path().join("wharf.toml"), text).unwrap();
+    let next = store.dir.path().join("wharf.toml.next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, store.dir.path().join("wharf.toml")).unwrap();
 }
 
 async fn get_text(address: SocketAddr, path: &str) -> (u16, String, String) {
