@@ -32,6 +32,12 @@ pub async fn run(
     // Install the signal handlers before anything is announced, so a SIGTERM sent as soon as
     // "wharf serving" appears is a graceful stop, not the default kill.
     let shutdown = shutdown_signal()?;
+    // SIGHUP too, before anything is announced: its default action would end the process. One
+    // that arrives before the supervisor runs is a reload request waiting for it.
+    let (hangup_tx, mut hangups) = tokio::sync::mpsc::unbounded_channel();
+    on_hangup(move || {
+        let _ = hangup_tx.send(());
+    })?;
     check_sqlite_integrity(&config).await?;
     let wharf = Wharf::open(&config)
         .await
@@ -57,7 +63,11 @@ pub async fn run(
         Supervisor::start(&wharf, config.clone(), loader).context("starting the MQTT sessions")?,
     );
     let reloader = supervisor.reloader();
-    on_hangup(move || reloader.request_reload("SIGHUP"))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            reloader.request_reload("SIGHUP");
+        }
+    });
     if let Some(path) = path {
         supervisor.watch_file(path, config.mqtt.reload_poll_interval);
     }
