@@ -351,6 +351,7 @@ impl Running {
             let mut newest = first;
             let mut replies: Vec<oneshot::Sender<ReloadReport>> = Vec::new();
             let mut count = 1;
+            let mut stopping = false;
             if self.config.mqtt.reload_strategy == ReloadStrategy::Debounced {
                 let window = self.config.mqtt.reload_window;
                 loop {
@@ -363,8 +364,16 @@ impl Running {
                             None => break,
                         },
                         _ = tokio::time::sleep(window) => break,
+                        // Stopping: the folded requests are dropped (their callers hear so).
+                        _ = stop.wait_for(|s| *s) => {
+                            stopping = true;
+                            break;
+                        }
                     }
                 }
+            }
+            if stopping {
+                break;
             }
             replies.extend(newest.reply.take());
             let report = self.reload(newest, count).await;
