@@ -45,6 +45,10 @@ pub const SESSION_PATH: &str = "/api/v1/sessions/{session}";
 /// `GET`: a page of one managed MQTT session's stream (`filters` or `lease`), for the audit.
 pub const SESSION_EVENTS_PATH: &str = "/api/v1/sessions/{session}/events";
 
+/// `GET`: deep health (`application/health+json`): sessions, leases, config watch, consumers,
+/// the store's reachability.
+pub const DEEPHEALTH_PATH: &str = "/api/v1/monitor/deephealth";
+
 /// Every route: its path and what answers it. The router is built from this table, and the
 /// OpenAPI test checks the document against it.
 pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
@@ -62,6 +66,7 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (SESSIONS_PATH, get(crate::sessions::list_sessions)),
         (SESSION_PATH, get(crate::sessions::one_session)),
         (SESSION_EVENTS_PATH, get(crate::sessions::session_events)),
+        (DEEPHEALTH_PATH, get(crate::deephealth::deephealth)),
     ]
 }
 

@@ -16,6 +16,7 @@
 //! | `GET /metrics` | Prometheus text format 0.0.4: process counters and store figures (ADR 0021) |
 //! | `GET /api/v1/sessions` | `{"sessions": [SessionDetail...]}`: each MQTT session's runtime report and exact history |
 //! | `GET /api/v1/sessions/{session}` | one `SessionDetail`, by name or durable identity; 404 if unknown |
+//! | `GET /api/v1/monitor/deephealth` | `application/health+json`: sessions (level, lease), `config_watch`, consumers, store; `warn` is 200, `fail` 503 |
 //!
 //! Every error is JSON (`{"error": {"code", "message", "field"?}}`, see [`ApiError`]),
 //! including unknown paths. Every request runs in a tracing span naming its method and path.
@@ -25,6 +26,7 @@
 //! `dead_letters`, `swaps`), and nothing that decides, appends, routes or claims; `/metrics`
 //! reads the same, and `/healthz` reads nothing.
 
+pub mod deephealth;
 pub mod error;
 mod handlers;
 pub mod metrics;
@@ -42,10 +44,14 @@ use axum::Router;
 use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+pub use deephealth::{
+    ConfigWatchReport, ConsumerReport, DeepHealthSource, DeepReport, DeepSession, LeaseReport,
+    ReloadSummary,
+};
 pub use error::ApiError;
 pub use handlers::{
-    DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH, METRICS_PATH,
-    OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
+    DEAD_LETTERS_PATH, DECLARATIONS_PATH, DEEPHEALTH_PATH, GROUPS_PATH, GROUP_PATH, HEALTHZ_PATH,
+    METRICS_PATH, OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
 };
 pub use metrics::{Metrics, StoreCollector};
 pub use server::{bounded_router, serve_with, HttpLimits};

@@ -264,6 +264,62 @@ mod tests {
         assert_schema_matches(&doc, "SessionEventPage", &as_value(&page));
     }
 
+    #[test]
+    fn the_deep_health_schemas_match_what_serializes() {
+        use crate::deephealth::*;
+        let doc = document();
+        let at = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let lease = LeaseReport {
+            held: true,
+            holder: Some("h:1:a".into()),
+            token: Some(1),
+            expires_at: Some(at),
+        };
+        let session = DeepSession {
+            name: "plant".into(),
+            session_id: "ms-0".into(),
+            level: "full".into(),
+            reason: None,
+            generation: Some(1),
+            lease: Some(lease.clone()),
+        };
+        let reload = ReloadSummary {
+            outcome: "applied".into(),
+            generation: 2,
+            trigger: "SIGHUP".into(),
+            reason: None,
+            at,
+        };
+        let watch = ConfigWatchReport {
+            applied_generation: 2,
+            converged_generation: 2,
+            degraded: false,
+            reason: None,
+            strategy: "direct".into(),
+            last_reload: Some(reload.clone()),
+        };
+        let consumer = ConsumerReport {
+            group: "g".into(),
+            declarer: "h:1:a/1".into(),
+            state: "consuming".into(),
+            reason: None,
+            last_heartbeat: Some(at),
+        };
+        let report = DeepReport {
+            sessions: vec![session.clone()],
+            config_watch: Some(watch.clone()),
+            consumers: vec![consumer.clone()],
+        };
+        let (_, body) = render(&report, &Ok(()));
+        let as_value = |v: &dyn erased::Serialize| v.to_value();
+        assert_schema_matches(&doc, "DeepHealth", &body);
+        assert_schema_matches(&doc, "DeepSession", &as_value(&session));
+        assert_schema_matches(&doc, "Lease", &as_value(&lease));
+        assert_schema_matches(&doc, "ReloadSummary", &as_value(&reload));
+        assert_schema_matches(&doc, "ConfigWatch", &as_value(&watch));
+        assert_schema_matches(&doc, "ConsumerHealth", &as_value(&consumer));
+    }
+
     /// Serializing test values of several types through one closure.
     mod erased {
         pub trait Serialize {

@@ -182,6 +182,7 @@ pub struct ApiState {
     metrics: Metrics,
     scrape_timeout: Duration,
     sessions: Option<crate::sessions::SharedSessionSource>,
+    deep: Option<crate::deephealth::SharedDeepHealthSource>,
 }
 
 impl ApiState {
@@ -207,6 +208,7 @@ impl ApiState {
             metrics: Metrics::new(),
             scrape_timeout: DEFAULT_SCRAPE_TIMEOUT,
             sessions: None,
+            deep: None,
         }
     }
 
@@ -255,6 +257,24 @@ impl ApiState {
     pub fn with_sessions(mut self, source: impl crate::sessions::SessionSource) -> Self {
         self.sessions = Some(Arc::new(source));
         self
+    }
+
+    /// Reports the supervisor's state, the sessions' leases and this process's consumers at
+    /// `/api/v1/monitor/deephealth` (without it, deep health shows the session source's
+    /// sessions and the store).
+    pub fn with_deep_health(mut self, source: impl crate::deephealth::DeepHealthSource) -> Self {
+        self.deep = Some(Arc::new(source));
+        self
+    }
+
+    /// The deep-health source, when set.
+    pub fn deep_health_source(&self) -> Option<&crate::deephealth::SharedDeepHealthSource> {
+        self.deep.as_ref()
+    }
+
+    /// How long a probe of the store may take (`/readyz`, deep health).
+    pub fn ready_timeout_value(&self) -> Duration {
+        self.ready_timeout
     }
 
     /// The session runtimes' source, when set.

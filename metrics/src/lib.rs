@@ -9,6 +9,8 @@
 //!   ([`ConsumerFamilies::for_group`]), so counting on the hot path is one atomic increment.
 //! - [`PublishFamilies`]: messages this process published, per topic.
 //! - [`MaintenanceFamilies`]: what this process's pruner and retention deleted.
+//! - [`ConfigFamilies`]: the reload supervisor's (configuration degraded, last reload,
+//!   generations, reload and reconcile outcomes), registered when a supervisor first uses them.
 //! - [`StoreErrorFamilies`]: store calls of this process that failed, per operation (a short
 //!   fixed list, never a message or a subject).
 //!
@@ -22,18 +24,20 @@
 //! are only ever a group, a topic, a projector, an operation or another name from a short
 //! declared list, never a message, a subject or a declarer instance.
 
+mod config;
 mod consumer;
 mod maintenance;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{Encoder as _, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
+pub use config::{ConfigFamilies, RECONCILE_OUTCOMES, RELOAD_OUTCOMES};
 pub use consumer::{ConsumerFamilies, GroupCounters, PublishFamilies};
 pub use maintenance::MaintenanceFamilies;
 
@@ -69,6 +73,7 @@ struct Inner {
     publish: PublishFamilies,
     maintenance: MaintenanceFamilies,
     store_errors: StoreErrorFamilies,
+    config: OnceLock<ConfigFamilies>,
 }
 
 impl Default for Metrics {
@@ -99,6 +104,7 @@ impl Metrics {
                 publish,
                 maintenance,
                 store_errors,
+                config: OnceLock::new(),
             }),
         }
     }
@@ -121,6 +127,13 @@ impl Metrics {
     /// The store-error counters.
     pub fn store_errors(&self) -> &StoreErrorFamilies {
         &self.inner.store_errors
+    }
+
+    /// The reload supervisor's families, registered on first use.
+    pub fn config(&self) -> &ConfigFamilies {
+        self.inner
+            .config
+            .get_or_init(|| ConfigFamilies::new(&self.inner.registry))
     }
 
     /// Registers another area's family (a counter or gauge vector, say). Fails on a name

@@ -31,7 +31,8 @@ pub use store::StoreConfig;
 
 pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
 pub use mqtt::{
-    ClientIdSuffix, MqttConfig, ResolvedSession, SessionConfig, SubscriptionConfig, TlsFiles,
+    ClientIdSuffix, MqttConfig, ReloadStrategy, ResolvedSession, SessionConfig, SubscriptionConfig,
+    TlsFiles,
 };
 
 /// The whole configuration.
@@ -288,6 +289,18 @@ mod tests {
                 "http.max_concurrent_requests",
             ),
             ("WHARF_HTTP__METRICS_TIMEOUT", "0s", "http.metrics_timeout"),
+            ("WHARF_MQTT__DRAIN_TIMEOUT", "0s", "mqtt.drain_timeout"),
+            ("WHARF_MQTT__RELOAD_WINDOW", "2h", "mqtt.reload_window"),
+            (
+                "WHARF_MQTT__RELOAD_POLL_INTERVAL",
+                "5ms",
+                "mqtt.reload_poll_interval must be 0s (no polling) or at least 10ms, got 5ms",
+            ),
+            (
+                "WHARF_MQTT__RELOAD_STRATEGY",
+                "sometimes",
+                "reload_strategy",
+            ),
             (
                 "WHARF_HTTP__METRICS_TIMEOUT",
                 "40s",

@@ -52,9 +52,11 @@ pub mod declare;
 pub mod declarer;
 pub mod error;
 pub mod handler;
+pub mod health;
 mod publish_listener;
 mod runtime;
 pub mod sessions;
+pub mod supervisor;
 
 use std::sync::Arc;
 
@@ -90,6 +92,7 @@ pub struct Wharf {
     states: declare::GroupStates,
     listener: Arc<publish_listener::PublishListener>,
     metrics: Metrics,
+    consumers: health::Registry,
 }
 
 impl Wharf {
@@ -142,6 +145,7 @@ impl Wharf {
             states: declare::GroupStates::default(),
             listener: Arc::default(),
             metrics: Metrics::new(),
+            consumers: health::Registry::default(),
         }
     }
 
@@ -356,7 +360,16 @@ impl Wharf {
     /// This consumer only declares and heartbeats; see [`Wharf::consume_with`] to also handle
     /// messages.
     pub fn consume(&self, registration: Registration) -> Consumer {
-        consumer::start(self.lifecycle(registration), None)
+        let group = registration.group.as_str().to_owned();
+        let consumer = consumer::start(self.lifecycle(registration), None);
+        self.consumers.track(&group, &consumer);
+        consumer
+    }
+
+    /// Every consumer this Wharf (or a clone) started that still runs, with its state: what
+    /// deep health reports as this process's consumers.
+    pub fn consumer_health(&self) -> Vec<health::ConsumerHealth> {
+        self.consumers.report()
     }
 
     /// Starts a consumer like [`Wharf::consume`] that also handles the group's messages while
@@ -383,7 +396,10 @@ impl Wharf {
                 lifecycle.registration.topic.as_str(),
             ),
         };
-        consumer::start(lifecycle, Some(runtime))
+        let group = lifecycle.registration.group.as_str().to_owned();
+        let consumer = consumer::start(lifecycle, Some(runtime));
+        self.consumers.track(&group, &consumer);
+        consumer
     }
 
     fn attempter(&self) -> declare::Attempter<'_> {

@@ -89,3 +89,71 @@ async fn show_prints_the_effective_values_with_secrets_redacted() {
     .await
     .success();
 }
+
+/// `check --store` runs the identity guard against an existing store's session ledger: a
+/// seeded session is known, an added one is reported unseeded, and a session whose identity
+/// changed while the old identity still holds filters is refused, naming the session.
+#[tokio::test]
+async fn check_with_store_runs_the_identity_guard_against_the_ledger() {
+    let store = support::TestStore::new(support::Backend::Sqlite)
+        .await
+        .unwrap();
+    let file = |client: &str, extra: &str| {
+        format!(
+            "[mqtt.sessions.plant]\nbrokers = [\"mqtt://127.0.0.1:1883\"]\nclient_id = \"{client}\"\n\
+             subscriptions = [{{ filter = \"plant/#\", topic = \"sensors\" }}]\n{extra}"
+        )
+    };
+    std::fs::write(store.dir.path().join("w.toml"), file("wharf-plant", "")).unwrap();
+    store.run(&["migrate"]).await.success();
+    store
+        .run(&["--config", "w.toml", "sessions", "seed", "plant=plant/#"])
+        .await
+        .success();
+
+    let known = store.run(&["config", "check", "w.toml", "--store"]).await;
+    let out = known.success();
+    assert!(out.contains("mqtt session plant: ms-"), "{known}");
+    assert!(out.contains("is seeded (1 filter(s)"), "{known}");
+    assert!(out.contains("identity check OK"), "{known}");
+
+    // An added session is not known yet: reported, not refused (it stays down until seeded).
+    let added = file(
+        "wharf-plant",
+        "\n[mqtt.sessions.line2]\nbrokers = [\"mqtt://127.0.0.1:1883\"]\nclient_id = \"wharf-line2\"\n",
+    );
+    std::fs::write(store.dir.path().join("added.toml"), added).unwrap();
+    let run = store
+        .run(&["config", "check", "added.toml", "--store"])
+        .await;
+    assert!(run.success().contains("mqtt session line2: ms-"), "{run}");
+    assert!(run.stdout.contains("is NOT known to the store"), "{run}");
+
+    // The client ID changed: the old identity still holds plant/# and nobody manages it.
+    std::fs::write(
+        store.dir.path().join("renamed.toml"),
+        file("wharf-renamed", ""),
+    )
+    .unwrap();
+    let refused = store
+        .run(&["config", "check", "renamed.toml", "--store"])
+        .await;
+    let err = refused.failure();
+    assert!(err.contains("identity guard"), "{refused}");
+    assert!(err.contains("mqtt.sessions.plant"), "{refused}");
+    assert!(err.contains("config-rollback.md"), "{refused}");
+    assert!(
+        refused
+            .stdout
+            .contains("recorded but not configured here: ms-"),
+        "{refused}"
+    );
+
+    // Without --store nothing is opened, as before.
+    let offline = run_in_dir(&store, &["config", "check", "renamed.toml"]).await;
+    assert!(offline.success().contains("configuration OK"), "{offline}");
+}
+
+async fn run_in_dir(store: &support::TestStore, args: &[&str]) -> support::Run {
+    run(wharf_in(store.dir.path()), args, None).await
+}

@@ -114,8 +114,24 @@ fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
     Ok(Config::load(global.config.as_deref(), env)?)
 }
 
-/// `config default|check|show`: no logging set up, nothing opened.
-fn config_command(
+/// How `serve` loads the configuration again on a reload: the same file, flags and
+/// environment as at start.
+fn reload_loader(global: &GlobalArgs) -> (Option<PathBuf>, wharf::supervisor::ConfigLoader) {
+    let path = global.config.clone();
+    let store_url = global.store_url.clone();
+    let file = path.clone();
+    let loader: wharf::supervisor::ConfigLoader = std::sync::Arc::new(move || {
+        let flag = store_url
+            .clone()
+            .map(|url| ("WHARF_STORE__URL".to_owned(), url));
+        Config::load(file.as_deref(), std::env::vars().chain(flag))
+    });
+    (path, loader)
+}
+
+/// `config default|check|show`: no logging set up, nothing opened (but the store, read only,
+/// for `check --store`).
+async fn config_command(
     global: &GlobalArgs,
     command: &config_cmd::ConfigCommand,
 ) -> anyhow::Result<ExitCode> {
@@ -124,7 +140,7 @@ fn config_command(
             print!("{}", Config::default_toml());
             Ok(ExitCode::SUCCESS)
         }
-        config_cmd::ConfigCommand::Check { file } => {
+        config_cmd::ConfigCommand::Check { file, store } => {
             let source = file.clone().or_else(|| global.config.clone());
             let global = GlobalArgs {
                 config: source.clone(),
@@ -132,7 +148,11 @@ fn config_command(
                 verbose: global.verbose,
             };
             let config = load_config(&global)?;
-            config_cmd::check(&config, source.as_ref())
+            let code = config_cmd::check(&config, source.as_ref())?;
+            if *store {
+                return config_cmd::check_store(&config).await;
+            }
+            Ok(code)
         }
         config_cmd::ConfigCommand::Show => config_cmd::show(&load_config(global)?),
     }
@@ -149,13 +169,13 @@ impl Command {
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Config { command } = &cli.command {
-        return config_command(&cli.global, command);
+        return config_command(&cli.global, command).await;
     }
     let config = load_config(&cli.global)?;
     let own_consumer_lines = matches!(cli.command, Command::Tail(_));
     logging::init(cli.global.verbose, &config.log, own_consumer_lines)?;
     match cli.command {
-        Command::Serve => serve::run(config).await,
+        Command::Serve => serve::run(config, reload_loader(&cli.global)).await,
         Command::Migrate => maintenance::migrate(&config).await,
         Command::Projections {
             command: ProjectionsCommand::Rebuild(args),
@@ -175,6 +195,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Publish(args) => publish::run(&config, args).await,
         Command::Tail(args) => tail::run(config, args).await,
         Command::Sessions { command } => sessions::run(&config, command).await,
-        Command::Config { command } => config_command(&cli.global, &command),
+        Command::Config { command } => config_command(&cli.global, &command).await,
     }
 }

@@ -1,5 +1,6 @@
-//! `serve`: the REST listing API (with `/metrics`), plus the catch-up projection loop and the
-//! pruner schedule.
+//! `serve`: the REST listing API (with `/metrics` and deep health), the session supervisor
+//! (SIGHUP and a changed configuration file reload the `mqtt` section, ADR 0029), plus the
+//! catch-up projection loop and the pruner schedule.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,9 +13,10 @@ use wharf::projections::{PruneOptions, ReadModel};
 use wharf::sessions::SessionStatus;
 use wharf::store::sqlite::{quick_check, QuickCheck};
 use wharf::store::StoreLocation;
+use wharf::supervisor::{ConfigLoader, ConfigWatch, Supervisor};
 use wharf::{Config, Metrics, Wharf};
 
-use super::signals::shutdown_signal;
+use super::signals::{on_hangup, shutdown_signal};
 
 /// How often the catch-up projectors poll the log when idle.
 const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
@@ -23,10 +25,19 @@ const CATCH_UP_EVERY: Duration = Duration::from_millis(500);
 /// served unchecked (with a warning) rather than delaying start without bound.
 const QUICK_CHECK_BUDGET: Duration = Duration::from_secs(30);
 
-pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: Config,
+    (path, loader): (Option<std::path::PathBuf>, ConfigLoader),
+) -> anyhow::Result<ExitCode> {
     // Install the signal handlers before anything is announced, so a SIGTERM sent as soon as
     // "wharf serving" appears is a graceful stop, not the default kill.
     let shutdown = shutdown_signal()?;
+    // SIGHUP too, before anything is announced: its default action would end the process. One
+    // that arrives before the supervisor runs is a reload request waiting for it.
+    let (hangup_tx, mut hangups) = tokio::sync::mpsc::unbounded_channel();
+    on_hangup(move || {
+        let _ = hangup_tx.send(());
+    })?;
     check_sqlite_integrity(&config).await?;
     let wharf = Wharf::open(&config)
         .await
@@ -48,27 +59,40 @@ pub async fn run(config: Config) -> anyhow::Result<ExitCode> {
         stop.clone(),
     ));
     let pruner = tokio::spawn(prune_loop(wharf.clone(), config.clone(), stop.clone()));
-    let sessions = wharf
-        .start_sessions(&config)
-        .context("starting the MQTT sessions")?;
-    let mut state = wharf_api::ApiState::new(read)
+    let supervisor = std::sync::Arc::new(
+        Supervisor::start(&wharf, config.clone(), loader).context("starting the MQTT sessions")?,
+    );
+    let reloader = supervisor.reloader();
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            reloader.request_reload("SIGHUP");
+        }
+    });
+    if let Some(path) = path {
+        supervisor.watch_file(path, config.mqtt.reload_poll_interval);
+    }
+    let sessions_of = supervisor.clone();
+    let deep_of = supervisor.clone();
+    let state = wharf_api::ApiState::new(read)
         .with_queue(wharf.queue().clone())
         .with_metrics(wharf.metrics().clone())
-        .scrape_timeout(config.http.metrics_timeout);
-    if !sessions.is_empty() {
-        let watches: Vec<_> = sessions.iter().map(|s| s.watch()).collect();
-        state = state.with_sessions(move || {
-            watches
+        .scrape_timeout(config.http.metrics_timeout)
+        .with_sessions(move || {
+            sessions_of
+                .sessions()
                 .iter()
-                .map(|w| live_session(&w.borrow()))
+                .map(live_session)
                 .collect::<Vec<_>>()
+        })
+        .with_deep_health(move || wharf_api::DeepReport {
+            sessions: deep_of.sessions().iter().map(deep_session).collect(),
+            config_watch: Some(config_watch(&deep_of.config_watch())),
+            // `serve` runs no consumers of its own.
+            consumers: Vec::new(),
         });
-    }
     wharf_api::serve_with(listener, state, config.http.limits(), shutdown).await?;
     let _ = stop_tx.send(true);
-    for session in sessions {
-        session.shutdown().await;
-    }
+    supervisor.shutdown().await;
     let _ = tokio::join!(catch_up, pruner);
     info!("wharf stopped");
     Ok(ExitCode::SUCCESS)
@@ -102,6 +126,44 @@ fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
             expires_at: l.expires_at,
             transitions: l.transitions,
         }),
+    }
+}
+
+/// A session's status as deep health reports it.
+fn deep_session(status: &SessionStatus) -> wharf_api::DeepSession {
+    wharf_api::DeepSession {
+        name: status.name.clone(),
+        session_id: status.session_id.clone(),
+        level: status.level.as_str().to_owned(),
+        reason: status.reason.clone(),
+        generation: status.generation,
+        lease: status.lease.as_ref().map(|l| wharf_api::LeaseReport {
+            held: l.held,
+            holder: l.holder.clone(),
+            token: l.token,
+            expires_at: l.expires_at,
+        }),
+    }
+}
+
+/// The supervisor's config watch as deep health reports it.
+fn config_watch(watch: &ConfigWatch) -> wharf_api::ConfigWatchReport {
+    wharf_api::ConfigWatchReport {
+        applied_generation: watch.applied_generation,
+        converged_generation: watch.converged_generation,
+        degraded: watch.degraded,
+        reason: watch.reason.clone(),
+        strategy: watch.strategy.to_owned(),
+        last_reload: watch
+            .last_reload
+            .as_ref()
+            .map(|r| wharf_api::ReloadSummary {
+                outcome: r.outcome.as_str().to_owned(),
+                generation: r.generation,
+                trigger: r.trigger.clone(),
+                reason: r.reason.clone(),
+                at: r.at,
+            }),
     }
 }
 

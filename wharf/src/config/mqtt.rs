@@ -49,6 +49,26 @@ pub struct MqttConfig {
     pub subscribe_timeout: Duration,
     /// The most deliveries the ingest handler appends to the log in one commit.
     pub ingest_batch: u32,
+    /// How long a reload waits for every session runtime to disconnect (in-flight batches
+    /// committed and acked) before the new runtimes start; past it the old ones are abandoned
+    /// (their unacked deliveries stay with the broker).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Accepted for operators who expect the switch; it does **not** bypass the identity
+    /// guard: a reload that changes or removes a persistent or exclusive session's durable
+    /// identity is refused either way (ADR 0029, docs/runbooks/config-rollback.md).
+    pub allow_destructive_reload: bool,
+    /// `direct` (each change is one swap) or `debounced` (changes within `reload_window` of
+    /// each other fold into one swap).
+    pub reload_strategy: ReloadStrategy,
+    /// The quiet period of the `debounced` strategy: a swap runs once no change arrived for
+    /// this long.
+    #[serde(with = "humantime_serde")]
+    pub reload_window: Duration,
+    /// How often `serve` polls the configuration file's contents for a change (0s: only
+    /// SIGHUP reloads).
+    #[serde(with = "humantime_serde")]
+    pub reload_poll_interval: Duration,
     /// The sessions, by name (`[mqtt.sessions.NAME]`).
     pub sessions: BTreeMap<String, SessionConfig>,
 }
@@ -60,7 +80,33 @@ impl Default for MqttConfig {
             connect_timeout: Duration::from_secs(30),
             subscribe_timeout: Duration::from_secs(30),
             ingest_batch: 100,
+            drain_timeout: Duration::from_secs(30),
+            allow_destructive_reload: false,
+            reload_strategy: ReloadStrategy::Direct,
+            reload_window: Duration::from_secs(1),
+            reload_poll_interval: Duration::from_secs(2),
             sessions: BTreeMap::new(),
+        }
+    }
+}
+
+/// How configuration changes become swaps of the session runtimes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReloadStrategy {
+    /// Every change (a SIGHUP, a changed file) is its own swap: N rapid writes are N swaps.
+    #[default]
+    Direct,
+    /// Changes are folded: the swap runs once `mqtt.reload_window` passed with no new one.
+    Debounced,
+}
+
+impl ReloadStrategy {
+    /// The setting's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Debounced => "debounced",
         }
     }
 }
@@ -258,6 +304,39 @@ impl MqttConfig {
                     humantime::format_duration(value)
                 )));
             }
+        }
+        for (key, value, low) in [
+            (
+                "drain_timeout",
+                self.drain_timeout,
+                Duration::from_millis(10),
+            ),
+            (
+                "reload_window",
+                self.reload_window,
+                Duration::from_millis(10),
+            ),
+            (
+                "reload_poll_interval",
+                self.reload_poll_interval,
+                Duration::ZERO,
+            ),
+        ] {
+            if value < low || value > hour {
+                return Err(WharfError::Config(format!(
+                    "mqtt.{key} must be between {} and 1h, got {}",
+                    humantime::format_duration(low),
+                    humantime::format_duration(value)
+                )));
+            }
+        }
+        if !self.reload_poll_interval.is_zero()
+            && self.reload_poll_interval < Duration::from_millis(10)
+        {
+            return Err(WharfError::Config(format!(
+                "mqtt.reload_poll_interval must be 0s (no polling) or at least 10ms, got {}",
+                humantime::format_duration(self.reload_poll_interval)
+            )));
         }
         if !(1..=10_000).contains(&self.ingest_batch) {
             return Err(WharfError::Config(format!(

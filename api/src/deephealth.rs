@@ -1,0 +1,433 @@
+//! `GET /api/v1/monitor/deephealth`: everything an operator checks after a reload, in one
+//! `application/health+json` answer.
+//!
+//! - `checks` keyed `component:measurement`: `store:reachability` (the store answered a
+//!   schema read within the ready timeout), `config:convergence` (applied versus converged),
+//!   `config:last-reload`, `mqtt-session:level` (one entry per session, `componentId` its
+//!   name) and `consumer:state` (one per consumer of this process);
+//! - beside them, the same facts as plain objects: `sessions` (level, reason, connection
+//!   generation, HA lease), `config_watch` (applied and converged generations, degraded flag
+//!   and reason, the newest reload), `consumers` (group, declarer, state, last heartbeat) and
+//!   `store`.
+//!
+//! `status` is the worst check's: `fail` (HTTP 503) only when the store does not answer;
+//! degraded but serving (a configuration not converged, a refused reload, a session below
+//! `full` that is not an exclusive standby, a stalled consumer) is `warn` with HTTP 200. `/healthz` reads none of this.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::state::{ApiState, HealthStatus};
+
+/// An exclusive session's HA lease as this process sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseReport {
+    /// True while this process holds it.
+    pub held: bool,
+    /// The holder last seen.
+    pub holder: Option<String>,
+    /// Its fencing token.
+    pub token: Option<u64>,
+    /// When it lapses unless renewed (the store's clock).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// One session in deep health.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeepSession {
+    /// The configured name.
+    pub name: String,
+    /// The durable identity.
+    pub session_id: String,
+    /// `starting`, `connected`, `subscribed`, `full` or `migration_required`.
+    pub level: String,
+    /// Why it is below `full`.
+    pub reason: Option<String>,
+    /// The newest connection's generation.
+    pub generation: Option<u64>,
+    /// The HA lease (exclusive sessions only).
+    pub lease: Option<LeaseReport>,
+}
+
+/// The newest reload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadSummary {
+    /// `applied`, `unchanged`, `refused` or `failed`.
+    pub outcome: String,
+    /// The generation in effect after it.
+    pub generation: u64,
+    /// What asked for it.
+    pub trigger: String,
+    /// Why it was refused or failed.
+    pub reason: Option<String>,
+    /// When it finished.
+    pub at: DateTime<Utc>,
+}
+
+/// Applied versus converged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConfigWatchReport {
+    /// The generation in effect.
+    pub applied_generation: u64,
+    /// The newest generation whose sessions all reached `subscribed` (0: none yet).
+    pub converged_generation: u64,
+    /// True past the activation budget unconverged.
+    pub degraded: bool,
+    /// Why.
+    pub reason: Option<String>,
+    /// `direct` or `debounced`.
+    pub strategy: String,
+    /// The newest reload since start.
+    pub last_reload: Option<ReloadSummary>,
+}
+
+/// One consumer of this process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ConsumerReport {
+    /// Its group.
+    pub group: String,
+    /// Its instance identity.
+    pub declarer: String,
+    /// `declaring`, `waiting`, `consuming`, `stalled`, `failed` or `stopped`.
+    pub state: String,
+    /// Why it is stalled or failed.
+    pub reason: Option<String>,
+    /// When its heartbeat was last confirmed, if known.
+    pub last_heartbeat: Option<DateTime<Utc>>,
+}
+
+/// What the composition root reports, read at each request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeepReport {
+    /// The sessions, in configuration order.
+    pub sessions: Vec<DeepSession>,
+    /// The supervisor's state (absent without one).
+    pub config_watch: Option<ConfigWatchReport>,
+    /// This process's consumers.
+    pub consumers: Vec<ConsumerReport>,
+}
+
+/// Supplies [`DeepReport`]s.
+pub trait DeepHealthSource: Send + Sync + 'static {
+    /// The report now.
+    fn report(&self) -> DeepReport;
+}
+
+impl<F> DeepHealthSource for F
+where
+    F: Fn() -> DeepReport + Send + Sync + 'static,
+{
+    fn report(&self) -> DeepReport {
+        self()
+    }
+}
+
+/// A shared source.
+pub type SharedDeepHealthSource = Arc<dyn DeepHealthSource>;
+
+struct Check {
+    key: &'static str,
+    status: HealthStatus,
+    entry: Value,
+}
+
+fn check(key: &'static str, status: HealthStatus, mut entry: Value) -> Check {
+    entry["status"] = json!(status);
+    Check { key, status, entry }
+}
+
+/// The checks of `report` and the store's reachability (`store`: `Err(why)` when it did not
+/// answer).
+fn checks(report: &DeepReport, store: &Result<(), String>) -> Vec<Check> {
+    use HealthStatus::{Fail, Pass, Warn};
+    let mut out = Vec::new();
+    out.push(match store {
+        Ok(()) => check("store:reachability", Pass, json!({})),
+        Err(why) => check("store:reachability", Fail, json!({ "output": why })),
+    });
+    if let Some(watch) = &report.config_watch {
+        let observed = json!({
+            "applied_generation": watch.applied_generation,
+            "converged_generation": watch.converged_generation,
+        });
+        out.push(if watch.degraded {
+            check(
+                "config:convergence",
+                Warn,
+                json!({ "observedValue": observed, "output": watch.reason }),
+            )
+        } else {
+            check(
+                "config:convergence",
+                Pass,
+                json!({ "observedValue": observed }),
+            )
+        });
+        let last = watch.last_reload.as_ref();
+        let refused = last.filter(|r| r.outcome == "refused" || r.outcome == "failed");
+        out.push(match refused {
+            Some(r) => check(
+                "config:last-reload",
+                Warn,
+                json!({ "observedValue": r.outcome, "output": r.reason, "time": r.at }),
+            ),
+            None => check(
+                "config:last-reload",
+                Pass,
+                json!({ "observedValue": last.map_or("none", |r| r.outcome.as_str()) }),
+            ),
+        });
+    }
+    for s in &report.sessions {
+        let mut entry = json!({ "componentId": s.name, "observedValue": s.level });
+        if let Some(reason) = &s.reason {
+            entry["output"] = json!(reason);
+        }
+        // A standby (another process holds the exclusive lease) is healthy from here.
+        let standby = s
+            .lease
+            .as_ref()
+            .is_some_and(|l| !l.held && l.holder.is_some());
+        let status = if s.level == "full" || standby {
+            Pass
+        } else {
+            Warn
+        };
+        out.push(check("mqtt-session:level", status, entry));
+    }
+    for c in &report.consumers {
+        let mut entry = json!({ "componentId": c.declarer, "observedValue": c.state });
+        if let Some(reason) = &c.reason {
+            entry["output"] = json!(reason);
+        }
+        if let Some(at) = c.last_heartbeat {
+            entry["time"] = json!(at);
+        }
+        let status = if matches!(c.state.as_str(), "stalled" | "failed") {
+            Warn
+        } else {
+            Pass
+        };
+        out.push(check("consumer:state", status, entry));
+    }
+    out
+}
+
+/// The whole answer: the body and its HTTP status.
+pub fn render(report: &DeepReport, store: &Result<(), String>) -> (StatusCode, Value) {
+    let checks = checks(report, store);
+    let status = checks
+        .iter()
+        .map(|c| c.status)
+        .max()
+        .unwrap_or(HealthStatus::Pass);
+    let mut keyed = serde_json::Map::new();
+    for c in checks {
+        match keyed.get_mut(c.key) {
+            Some(Value::Array(entries)) => entries.push(c.entry),
+            _ => {
+                keyed.insert(c.key.to_owned(), json!([c.entry]));
+            }
+        }
+    }
+    let body = json!({
+        "status": status,
+        "description": "wharf deep health",
+        "checks": keyed,
+        "store": match store {
+            Ok(()) => json!({ "reachable": true }),
+            Err(why) => json!({ "reachable": false, "output": why }),
+        },
+        "config_watch": report.config_watch,
+        "sessions": report.sessions,
+        "consumers": report.consumers,
+    });
+    let code = if status == HealthStatus::Fail {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (code, body)
+}
+
+pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {
+    let report = state
+        .deep_health_source()
+        .map(|source| source.report())
+        .unwrap_or_else(|| DeepReport {
+            sessions: state
+                .session_source()
+                .map(|s| s.sessions())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| DeepSession {
+                    name: s.name,
+                    session_id: s.session_id,
+                    level: s.level,
+                    reason: s.reason,
+                    generation: s.generation,
+                    lease: None,
+                })
+                .collect(),
+            ..DeepReport::default()
+        });
+    let store = state.read_model().store().clone();
+    let backend = store.backend();
+    let reachable =
+        match tokio::time::timeout(state.ready_timeout_value(), store.schema_version()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("{backend} store: {e}")),
+            Err(_) => Err(format!(
+                "{backend} store: no answer within {:?}",
+                state.ready_timeout_value()
+            )),
+        };
+    let mut report = report;
+    if reachable.is_ok() {
+        heartbeats(&state, &mut report.consumers).await;
+    }
+    let (code, body) = render(&report, &reachable);
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/health+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Fills in each consumer's last confirmed heartbeat from its group's instances (the first
+/// page of up to 1,000 per group), within the ready timeout; what is not found stays absent.
+async fn heartbeats(state: &ApiState, consumers: &mut [ConsumerReport]) {
+    let groups: std::collections::BTreeSet<String> = consumers
+        .iter()
+        .filter(|c| c.last_heartbeat.is_none())
+        .map(|c| c.group.clone())
+        .collect();
+    let query = wharf_projections::MemberQuery {
+        limit: 1_000,
+        ..wharf_projections::MemberQuery::default()
+    };
+    let reads = async {
+        let mut seen = Vec::new();
+        for group in groups {
+            let Ok(name) = wharf_domain::GroupName::parse("group", &group) else {
+                continue;
+            };
+            if let Ok(Some(view)) = state.read_model().group_members(&name, &query).await {
+                seen.extend(
+                    view.instances
+                        .into_iter()
+                        .map(|i| (i.declarer, i.heartbeat_at)),
+                );
+            }
+        }
+        seen
+    };
+    let Ok(seen) = tokio::time::timeout(state.ready_timeout_value(), reads).await else {
+        return;
+    };
+    for consumer in consumers.iter_mut().filter(|c| c.last_heartbeat.is_none()) {
+        consumer.last_heartbeat = seen
+            .iter()
+            .find(|(declarer, _)| *declarer == consumer.declarer)
+            .map(|(_, at)| *at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(level: &str) -> DeepSession {
+        DeepSession {
+            name: "plant".to_owned(),
+            session_id: "ms-0".to_owned(),
+            level: level.to_owned(),
+            reason: (level != "full").then(|| "reconciling".to_owned()),
+            generation: Some(2),
+            lease: Some(LeaseReport {
+                held: true,
+                holder: Some("host:1:a".to_owned()),
+                token: Some(7),
+                expires_at: None,
+            }),
+        }
+    }
+
+    fn watch(degraded: bool) -> ConfigWatchReport {
+        ConfigWatchReport {
+            applied_generation: 3,
+            converged_generation: if degraded { 2 } else { 3 },
+            degraded,
+            reason: degraded.then(|| "applied but not converged: plant".to_owned()),
+            strategy: "direct".to_owned(),
+            last_reload: None,
+        }
+    }
+
+    #[test]
+    fn all_well_is_pass_degraded_is_warn_and_a_dead_store_is_fail() {
+        let healthy = DeepReport {
+            sessions: vec![session("full")],
+            config_watch: Some(watch(false)),
+            consumers: Vec::new(),
+        };
+        let (code, body) = render(&healthy, &Ok(()));
+        assert_eq!(
+            (code, &body["status"]),
+            (StatusCode::OK, &json!("pass")),
+            "{body}"
+        );
+        assert_eq!(body["sessions"][0]["lease"]["token"], 7, "{body}");
+        assert_eq!(
+            body["checks"]["mqtt-session:level"][0]["componentId"],
+            "plant"
+        );
+
+        let degraded = DeepReport {
+            sessions: vec![session("starting")],
+            config_watch: Some(watch(true)),
+            consumers: Vec::new(),
+        };
+        let (code, body) = render(&degraded, &Ok(()));
+        assert_eq!(
+            (code, &body["status"]),
+            (StatusCode::OK, &json!("warn")),
+            "{body}"
+        );
+        let convergence = &body["checks"]["config:convergence"][0];
+        assert_eq!(convergence["status"], "warn");
+        assert!(convergence["output"]
+            .as_str()
+            .is_some_and(|o| o.contains("applied but not converged")));
+        assert_eq!(body["config_watch"]["degraded"], true);
+
+        let mut standby = session("starting");
+        standby.lease = Some(LeaseReport {
+            held: false,
+            holder: Some("other:2:b".to_owned()),
+            token: Some(8),
+            expires_at: None,
+        });
+        let elsewhere = DeepReport {
+            sessions: vec![standby],
+            config_watch: Some(watch(false)),
+            consumers: Vec::new(),
+        };
+        let (_, body) = render(&elsewhere, &Ok(()));
+        assert_eq!(body["status"], "pass", "a standby is healthy here: {body}");
+
+        let (code, body) = render(&healthy, &Err("sqlite store: gone".to_owned()));
+        assert_eq!(
+            (code, &body["status"]),
+            (StatusCode::SERVICE_UNAVAILABLE, &json!("fail"))
+        );
+        assert_eq!(body["store"]["reachable"], false);
+    }
+}
