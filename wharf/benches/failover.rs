@@ -42,10 +42,14 @@ async fn serve(store: &TestStore, name: &str) -> Server {
     Server { running, address }
 }
 
+/// At Full: the session's live level in `GET /api/v1/sessions` (a standby is ready but never
+/// at Full).
 async fn ready(address: SocketAddr) -> bool {
-    reqwest::get(format!("http://{address}/readyz"))
-        .await
-        .is_ok_and(|r| r.status().as_u16() == 200)
+    let Ok(response) = reqwest::get(format!("http://{address}/api/v1/sessions")).await else {
+        return false;
+    };
+    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    body["sessions"][0]["live"]["level"] == "full"
 }
 
 /// The lease row's (holder, token) when someone holds it.

@@ -58,6 +58,23 @@ async fn ready(address: SocketAddr) -> bool {
     }
 }
 
+/// The session's live level as `GET /api/v1/sessions` reports it.
+async fn level(address: SocketAddr) -> String {
+    let Ok(response) = reqwest::get(format!("http://{address}/api/v1/sessions")).await else {
+        return String::new();
+    };
+    let body: Value = response.json().await.unwrap_or_default();
+    body["sessions"][0]["live"]["level"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// At Full (holding the lease: a standby never gets there).
+async fn full(address: SocketAddr) -> bool {
+    level(address).await == "full" && ready(address).await
+}
+
 /// A connection to the test's Postgres schema.
 async fn connect(store: &TestStore) -> sqlx::PgConnection {
     let mut conn = support::pg_connect().await.unwrap();
@@ -199,15 +216,23 @@ async fn a_stopped_holder_is_replaced_and_steps_down_when_resumed() {
     let (first, holder, token) = wait_owner(&mut conn, &[&a, &b]).await;
     assert_eq!(token, 1);
     let (mut stale, mut other) = if first == 0 { (a, b) } else { (b, a) };
-    wait_until("the holder at Full", || ready(stale.address)).await;
-    assert!(!ready(other.address).await, "the standby is not ready");
+    wait_until("the holder at Full", || full(stale.address)).await;
+    assert_ne!(
+        level(other.address).await,
+        "full",
+        "the standby is not active"
+    );
+    assert!(
+        ready(other.address).await,
+        "a standby is ready: it is doing its part (a rolling deploy must not stall on it)"
+    );
 
     stale.running.signal("STOP");
     let (now, new_holder, new_token) = wait_owner(&mut conn, &[&other]).await;
     assert_eq!(now, 0);
     assert_eq!(new_token, 2, "the next owner takes the next token");
     assert_ne!(new_holder, holder);
-    wait_until("the new holder at Full", || ready(other.address)).await;
+    wait_until("the new holder at Full", || full(other.address)).await;
 
     stale.running.signal("CONT");
     // Whichever it notices first, the missed renew deadline or the broker's takeover of its
@@ -221,8 +246,8 @@ async fn a_stopped_holder_is_replaced_and_steps_down_when_resumed() {
         }
     })
     .await;
-    wait_until("the resumed process standing by, not ready", || async {
-        !ready(stale.address).await
+    wait_until("the resumed process standing by", || async {
+        level(stale.address).await == "starting"
     })
     .await;
     assert_eq!(
@@ -230,7 +255,7 @@ async fn a_stopped_holder_is_replaced_and_steps_down_when_resumed() {
         Some((new_holder.clone(), 2)),
         "the resumed holder released nothing it no longer owns"
     );
-    assert!(ready(other.address).await, "the new holder stays at Full");
+    assert!(full(other.address).await, "the new holder stays at Full");
     let events = history(&mut conn).await;
     let released_by_stale = events
         .iter()
@@ -293,7 +318,7 @@ async fn sigkills_during_activation_never_land_a_stale_write() {
     let refs: Vec<&Server> = servers.iter().collect();
     let (i, _, _) = wait_owner(&mut conn, &refs).await;
     let address = servers[i].address;
-    wait_until("the last holder at Full", || ready(address)).await;
+    wait_until("the last holder at Full", || full(address)).await;
     let events = history(&mut conn).await;
     assert_no_stale_write(&events);
     let shown = store

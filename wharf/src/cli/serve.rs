@@ -105,7 +105,9 @@ fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
         session_id: status.session_id.clone(),
         identity: status.identity.clone(),
         level: status.level.as_str().to_owned(),
-        ready: status.level.is_ready(),
+        // An exclusive session standing by while another process holds its lease is this
+        // process doing its part: not ready would stall every rolling deploy of a pair.
+        ready: status.level.is_ready() || wharf::supervisor::standby(status),
         reason: status.reason.clone(),
         generation: status.generation,
         pending_stale: status.pending_stale.clone(),

@@ -153,6 +153,8 @@ impl Exclusive<'_> {
                 }
                 AcquireResult::Failed(reason) => {
                     tracing::warn!(%reason, retry_in = ?wait, "cannot acquire the lease");
+                    // Who holds it is unknown now: no longer a standby of anyone.
+                    self.set_lease(false, None, None);
                     self.set_reason(reason);
                 }
             }
