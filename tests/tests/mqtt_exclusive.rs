@@ -240,3 +240,80 @@ on_both_backends!(
     a_refused_subscribe_releases_an_exclusive_lease_each_round,
     a_refused_subscribe_releases_the_lease_each_round
 );
+
+/// A handler that never returns once called: the run it is called from cannot quiesce.
+#[derive(Default)]
+struct Stuck {
+    called: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl wharf::sessions::MqttHandler for Stuck {
+    async fn handle(
+        &self,
+        _batch: &[wharf::sessions::MqttMessage],
+    ) -> Result<(), wharf::HandlerError> {
+        self.called.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// A runtime that cannot stop within the drain bound is aborted; its lease, never released,
+/// expires by the TTL and the next runtime takes over with the next token.
+async fn an_aborted_holder_leaves_its_lease_to_expire(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("excl-stuck");
+    let config = exclusive_config(&ts, &unique("wharf-excl-stuck"), &[&format!("{root}/+")]);
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let handler = std::sync::Arc::new(Stuck::default());
+    let stuck = wharf
+        .start_sessions_with(&config, handler.clone())
+        .expect("starts")
+        .remove(0);
+    wait_status(&stuck, "Full", |s| {
+        s.level == SessionLevel::Full && holds(s)
+    })
+    .await;
+    wharf_tests::sessions::publish(broker_port(), &format!("{root}/a"), "1").await;
+    tokio::time::timeout(Duration::from_secs(20), handler.called.notified())
+        .await
+        .expect("the delivery reaches the handler");
+    let drained = stuck.shutdown_within(Duration::from_millis(300)).await;
+    assert!(!drained, "a handler that never returns cannot be drained");
+    let next = start(&ts, &config).await;
+    let taken = wait_status(&next, "the next runtime at Full after the TTL", |s| {
+        s.level == SessionLevel::Full && holds(s)
+    })
+    .await;
+    assert_eq!(taken.lease.and_then(|l| l.token), Some(2));
+    next.shutdown().await;
+    let events: Vec<String> = ts
+        .store
+        .load(LEASE_AGGREGATE, &id)
+        .await
+        .expect("lease events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .filter(|t| t != "LeaseRenewed")
+        .collect();
+    assert_eq!(
+        events[..3],
+        ["LeaseAcquired", "LeaseExpired", "LeaseAcquired"],
+        "the aborted holder released nothing"
+    );
+}
+
+fn broker_port() -> u16 {
+    broker_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or(1883)
+}
+
+on_both_backends!(
+    an_aborted_exclusive_holder_leaves_its_lease_to_expire,
+    an_aborted_holder_leaves_its_lease_to_expire
+);

@@ -63,16 +63,32 @@ pub(super) fn next_holder() -> LeaseHolder {
 /// and UNSUBSCRIBE alike; the ingest quiescence before a recycle is one handler commit, bounded
 /// by the store deadline.
 pub fn activation_bound(settings: &RuntimeSettings) -> Duration {
-    activation_phases(settings).hard_bound()
+    runtime_phases(settings).hard_bound()
 }
 
-fn activation_phases(settings: &RuntimeSettings) -> ActivationPhases {
+fn runtime_phases(settings: &RuntimeSettings) -> ActivationPhases {
+    activation_phases(
+        settings.connect_timeout,
+        settings.subscribe_timeout,
+        settings.store_deadline,
+        settings.unmatched_grace,
+    )
+}
+
+/// The activation's phases from the settings that bound them (the one place they are mapped:
+/// the runtime's bound and the supervisor's convergence budget both come from here).
+pub fn activation_phases(
+    connect_timeout: Duration,
+    subscribe_timeout: Duration,
+    store_deadline: Duration,
+    unmatched_grace: Duration,
+) -> ActivationPhases {
     ActivationPhases {
-        connect_timeout: settings.connect_timeout,
-        subscribe_timeout: settings.subscribe_timeout,
-        unsubscribe_timeout: settings.subscribe_timeout,
-        quiescence_timeout: settings.store_deadline,
-        unmatched_grace: settings.unmatched_grace,
+        connect_timeout,
+        subscribe_timeout,
+        unsubscribe_timeout: subscribe_timeout,
+        quiescence_timeout: store_deadline,
+        unmatched_grace,
     }
 }
 

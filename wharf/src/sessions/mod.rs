@@ -57,7 +57,7 @@ mod run;
 mod runtime;
 mod subscribe;
 
-pub use exclusive::activation_bound;
+pub use exclusive::{activation_bound, activation_phases};
 pub use ingest::{to_log_message, LogIngest, MqttHandler, MqttMessage};
 pub use runtime::{LeaseView, ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};
 

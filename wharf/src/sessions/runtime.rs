@@ -158,6 +158,20 @@ impl SessionRuntime {
         let _ = self.stop.send(true);
         let _ = self.task.await;
     }
+
+    /// Stops the session as [`shutdown`](Self::shutdown) does, waiting at most `drain`; past
+    /// it the runtime's task is aborted (its connection dropped; an exclusive session's lease,
+    /// not released, expires by its TTL while the fence refuses anything it had in flight).
+    /// Returns false when it had to abort.
+    pub async fn shutdown_within(mut self, drain: std::time::Duration) -> bool {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(drain, &mut self.task).await.is_ok() {
+            return true;
+        }
+        self.task.abort();
+        let _ = self.task.await;
+        false
+    }
 }
 
 async fn supervise(

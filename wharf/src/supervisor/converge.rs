@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use wharf_domain::lease::ActivationPhases;
 use wharf_domain::session::SessionLevel;
 use wharf_metrics::Metrics;
 
@@ -27,13 +26,12 @@ use crate::sessions::SessionStatus;
 /// handler commit, bounded by the store deadline (a third of `declarations.instance_ttl`).
 pub fn activation_budget(config: &Config) -> Duration {
     let mqtt = &config.mqtt;
-    ActivationPhases {
-        connect_timeout: mqtt.connect_timeout,
-        subscribe_timeout: mqtt.subscribe_timeout,
-        unsubscribe_timeout: mqtt.subscribe_timeout,
-        quiescence_timeout: config.declarations.call_deadline(),
-        unmatched_grace: mqtt.unmatched_grace,
-    }
+    crate::sessions::activation_phases(
+        mqtt.connect_timeout,
+        mqtt.subscribe_timeout,
+        config.declarations.call_deadline(),
+        mqtt.unmatched_grace,
+    )
     .hard_bound()
 }
 

@@ -535,25 +535,19 @@ impl Running {
 
     /// Tells every runtime to stop and waits for them, at most `drain`.
     async fn stop_all(&mut self, drain: Duration) {
-        let stopping: Vec<JoinHandle<()>> = self
+        let stopping: Vec<JoinHandle<bool>> = self
             .runtimes
             .drain(..)
-            .map(|runtime| tokio::spawn(runtime.shutdown()))
+            .map(|runtime| tokio::spawn(runtime.shutdown_within(drain)))
             .collect();
-        if stopping.is_empty() {
-            return;
-        }
-        let count = stopping.len();
-        if tokio::time::timeout(drain, futures::future::join_all(stopping))
-            .await
-            .is_err()
-        {
+        let stopped = futures::future::join_all(stopping).await;
+        let aborted = stopped.iter().filter(|s| !matches!(s, Ok(true))).count();
+        if aborted > 0 {
             tracing::warn!(
-                sessions = count,
+                sessions = aborted,
                 drain_timeout = %humantime::format_duration(drain),
-                "not every session runtime stopped within mqtt.drain_timeout; the swap goes on \
-                 and the stragglers end at their next step (their unacked deliveries stay with \
-                 the broker)"
+                "not every session runtime stopped within mqtt.drain_timeout: aborted (their \
+                 unacked deliveries stay with the broker; an exclusive lease expires by its TTL)"
             );
         }
     }
