@@ -317,3 +317,72 @@ on_both_backends!(
     an_aborted_exclusive_holder_leaves_its_lease_to_expire,
     an_aborted_holder_leaves_its_lease_to_expire
 );
+
+/// A migration-required exclusive session stays down and keeps its lease until the lease
+/// expires naturally: nothing releases it, and another holder can only take it after the TTL.
+async fn a_migration_required_holder_keeps_the_lease_until_it_expires(backend: Backend) {
+    use wharf::domain::lease::{LeaseError, LeaseHolder};
+    let ts = TestStore::new(backend).await;
+    let config = exclusive_config(&ts, &unique("wharf-excl-migr"), &["plant/+"]);
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    wharf
+        .session_ledger()
+        .require_migration(&id, "a test's migration".to_owned(), Vec::new())
+        .await
+        .expect("migration required");
+    let runtime = start(&ts, &config).await;
+    let terminal = wait_status(&runtime, "MigrationRequired, not acting", |s| {
+        s.level == SessionLevel::MigrationRequired
+            && s.lease
+                .as_ref()
+                .is_some_and(|l| !l.held && l.token == Some(1))
+    })
+    .await;
+    assert_eq!(terminal.generation, None, "nothing connected");
+    let leases = wharf::sessions::LeaseLedger::new(ts.store.clone());
+    let other = LeaseHolder::parse("holder", "operator-check:1").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut refused_while_held = false;
+    let taken = loop {
+        match leases.acquire(&id, &other, Duration::from_secs(30)).await {
+            Ok(acquired) => break acquired,
+            Err(wharf::WharfError::Lease(LeaseError::Held { token, .. })) => {
+                assert_eq!(token.get(), 1);
+                refused_while_held = true;
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the lease never expired"
+                );
+                tokio::task::yield_now().await;
+            }
+            Err(e) => panic!("acquire: {e}"),
+        }
+    };
+    assert!(
+        refused_while_held,
+        "the kept lease was held until its expiry"
+    );
+    assert_eq!(taken.token.get(), 2);
+    runtime.shutdown().await;
+    let events: Vec<String> = ts
+        .store
+        .load(LEASE_AGGREGATE, &id)
+        .await
+        .expect("lease events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .filter(|t| t != "LeaseRenewed")
+        .collect();
+    assert_eq!(
+        events[..3],
+        ["LeaseAcquired", "LeaseExpired", "LeaseAcquired"],
+        "expired, never released"
+    );
+}
+
+on_both_backends!(
+    a_migration_required_exclusive_holder_keeps_the_lease_until_it_expires,
+    a_migration_required_holder_keeps_the_lease_until_it_expires
+);

@@ -302,6 +302,8 @@ impl Exclusive<'_> {
                     "the session requires a managed-filter migration; the lease is kept until \
                      it expires (docs/runbooks/managed-filter-migration.md)"
                 );
+                // Not renewed any more, not released: this process no longer acts on it.
+                self.set_lease(false, Some(token), None);
                 HoldEnd::Terminal
             }
             Outcome::Retry { reason, converged } => {
