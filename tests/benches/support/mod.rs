@@ -263,6 +263,73 @@ pub async fn plain_claim_and_ack(store: &Store, n: usize) -> ClaimRun {
     join_claim_tasks(tasks, start, n).await
 }
 
+/// Claims and deletes up to 10 rows of `plain_queue` in one statement (the strongest plain
+/// queue: no separate ack); returns their ids.
+pub async fn plain_claim_delete(store: &Store) -> Vec<i64> {
+    match store {
+        Store::Postgres(s) => {
+            let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(
+                "DELETE FROM plain_queue WHERE id = ANY(ARRAY( \
+                   SELECT id FROM plain_queue WHERE visible_at <= now() \
+                   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 RETURNING id, subject, payload",
+            )
+            .bind(i64::from(FETCH_MAX))
+            .fetch_all(s.pool())
+            .await
+            .unwrap();
+            rows.into_iter().map(|(id, _, _)| id).collect()
+        }
+        Store::Sqlite(s) => s
+            .write(|ctx| {
+                let now = ctx.now.timestamp_micros();
+                let mut claim = ctx.tx.prepare_cached(
+                    "DELETE FROM plain_queue WHERE id IN (SELECT id FROM plain_queue \
+                       WHERE visible_at <= ?1 ORDER BY id LIMIT ?2) RETURNING id, subject, payload",
+                )?;
+                let rows = claim
+                    .query_map(rusqlite::params![now, FETCH_MAX], |row| {
+                        let _: (String, Vec<u8>) = (row.get(1)?, row.get(2)?);
+                        row.get::<_, i64>(0)
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+            .unwrap(),
+    }
+}
+
+/// Fills `plain_queue` with `n` rows, then two tasks claim-and-delete 10 at a time in one
+/// statement until all are gone: the strongest plain baseline (issue 8).
+pub async fn plain_claim_delete_all(store: &Store, n: usize) -> ClaimRun {
+    plain_fill(store, n).await;
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let (store, done) = (store.clone(), done.clone());
+            tokio::spawn(async move {
+                let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
+                while done.load(Ordering::SeqCst) < n {
+                    assert!(start.elapsed() < DEADLINE, "plain claim-delete loop hung");
+                    let claimed = plain_claim_delete(&store).await;
+                    calls += 1;
+                    if claimed.is_empty() {
+                        empty += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    ids.extend_from_slice(&claimed);
+                    done.fetch_add(claimed.len(), Ordering::SeqCst);
+                }
+                (ids, calls, empty)
+            })
+        })
+        .collect();
+    join_claim_tasks(tasks, start, n).await
+}
+
 /// Joins the consumer tasks of one timed loop, each returning (the ids or positions it acked,
 /// its claim calls, its empty calls), and checks that `expected` distinct ones were acked.
 pub async fn join_claim_tasks(
