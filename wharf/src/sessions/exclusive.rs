@@ -107,6 +107,9 @@ enum HoldEnd {
 enum AcquireResult {
     Won(Acquired),
     Standby(String, LeaseView),
+    /// This runtime's own earlier ownership, kept after a migration-required run, has not
+    /// expired yet: not a standby of anyone.
+    OwnKept,
     Failed(String),
 }
 
@@ -166,6 +169,7 @@ impl Exclusive<'_> {
                         _ = stop.wait_for(|stopped| *stopped) => return,
                     }
                 }
+                AcquireResult::OwnKept => wait = self.settings.retry_cap,
                 AcquireResult::Failed(reason) => {
                     tracing::warn!(%reason, retry_in = ?wait, "cannot acquire the lease");
                     // Who holds it is unknown now: no longer a standby of anyone.
@@ -187,6 +191,11 @@ impl Exclusive<'_> {
         let call = self.leases.acquire(id, &self.holder, ttl);
         match tokio::time::timeout(self.settings.store_deadline, call).await {
             Ok(Ok(acquired)) => AcquireResult::Won(acquired),
+            Ok(Err(WharfError::Lease(LeaseError::Held { holder, .. })))
+                if holder == self.holder =>
+            {
+                AcquireResult::OwnKept
+            }
             Ok(Err(WharfError::Lease(LeaseError::Held {
                 holder,
                 token,
