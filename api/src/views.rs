@@ -13,7 +13,8 @@ use wharf_queue::{DeadLetter, GroupQueueStats, Headers, SwapRecord, TopicStats};
 
 /// A group as the group endpoints answer it: its declaration view with a `queue` object beside
 /// the view's own fields.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = GroupView)]
 pub struct GroupDetail {
     /// The group's declaration view (its fields appear at the top level).
     #[serde(flatten)]
@@ -23,7 +24,7 @@ pub struct GroupDetail {
 }
 
 /// The body of `GET /api/v1/groups/{group}/swaps`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SwapList {
     /// Newest install first.
     pub swaps: Vec<SwapRecord>,
@@ -33,7 +34,7 @@ pub struct SwapList {
 /// enclosing group object already carries.
 ///
 /// A group with no queue row reads as all zeros and no unacked message.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct GroupQueue {
     /// The topic position the group has routed up to.
     pub routed_position: i64,
@@ -49,6 +50,7 @@ pub struct GroupQueue {
     pub dead_letters: i64,
     /// Seconds since the oldest routed but unacked message was published; `None` when there is
     /// none.
+    #[schema(required = true)]
     pub oldest_unacked_seconds: Option<f64>,
     /// Unacked messages set aside by swaps: the effective set does not match them, so they are
     /// not claimable while it is in effect (a rollback to a set that matches them restores them).
@@ -103,23 +105,25 @@ impl GroupDetail {
 }
 
 /// The body of `GET /api/v1/groups`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct GroupList {
     /// One page of the declared groups, by name.
     pub groups: Vec<GroupDetail>,
     /// Pass as `after` for the next page; `None` when no group follows.
+    #[schema(required = true)]
     pub next_after: Option<String>,
 }
 
 /// The body of `GET /api/v1/topics`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TopicList {
     /// Every topic ever published to, by name.
     pub topics: Vec<TopicStats>,
 }
 
 /// One dead letter as listed, with its payload in standard base64.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = DeadLetter)]
 pub struct DeadLetterView {
     /// The topic.
     pub topic: String,
@@ -128,14 +132,17 @@ pub struct DeadLetterView {
     /// Its subject.
     pub subject: String,
     /// Its body, base64 (standard alphabet, padded).
+    #[schema(content_encoding = "base64")]
     pub payload_base64: String,
     /// Its headers.
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     pub headers: Headers,
     /// When it was published.
     pub published_at: DateTime<Utc>,
     /// How many times it was claimed.
     pub attempts: i32,
     /// The last handler error, if one was given.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// When it was dead-lettered.
     pub dead_at: DateTime<Utc>,
@@ -158,12 +165,13 @@ impl From<DeadLetter> for DeadLetterView {
 }
 
 /// The body of `GET /api/v1/groups/{group}/dead-letters`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterPage {
     /// The page, by position.
     pub dead_letters: Vec<DeadLetterView>,
     /// Pass as `after` for the next page; `None` when this page was not full. A full last page
     /// still names a cursor, whose page then comes back empty.
+    #[schema(required = true)]
     pub next_after: Option<i64>,
 }
 

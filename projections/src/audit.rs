@@ -75,6 +75,7 @@ impl HistoryQuery {
 
 /// One declaration attempt in the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryEntry {
     /// Global ledger position.
     pub position: i64,
@@ -83,6 +84,10 @@ pub struct HistoryEntry {
     /// When the ledger recorded it (store clock).
     pub recorded_at: DateTime<Utc>,
     /// `installed` (a set change) or `waiting` (blocked on a live incumbent).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, schema_with = crate::openapi::history_status)
+    )]
     pub status: &'static str,
     /// Who attempted.
     pub declarer: String,
@@ -95,8 +100,10 @@ pub struct HistoryEntry {
     /// When this attempt ran.
     pub attempt_at: DateTime<Utc>,
     /// For an install: the set it replaced.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub previous: Option<Vec<String>>,
     /// For a wait: the set it waited on.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub incumbent: Option<Vec<String>>,
     /// For a wait: the live instances that still declared the incumbent.
     pub live_declarers: Vec<String>,
@@ -104,12 +111,14 @@ pub struct HistoryEntry {
 
 /// A page of history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryPage {
     /// The entries, in ledger order.
     pub entries: Vec<HistoryEntry>,
     /// Pass as `after` for the next page. `null` when this page was not full; a full last
     /// page still names a cursor, whose page then comes back empty (cursor paging never
     /// counts ahead).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub next_after: Option<i64>,
 }
 

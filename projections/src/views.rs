@@ -12,6 +12,8 @@ use wharf_store::InstanceRecord;
 
 /// One consumer group as listed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = GroupDeclaration))]
 pub struct GroupView {
     /// The group's name.
     pub group: String,
@@ -23,16 +25,19 @@ pub struct GroupView {
     /// set (then declarer): one page.
     pub waiters: Vec<WaiterView>,
     /// The cursor of the waiters after this page (`waiters_after`); `None` when none follow.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub waiters_next_after: Option<String>,
     /// Recorded instances, live or not, by declarer: one page.
     pub instances: Vec<InstanceView>,
     /// The cursor of the instances after this page (`instances_after`); `None` when none
     /// follow.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub instances_next_after: Option<String>,
 }
 
 /// A group's effective declaration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EffectiveView {
     /// The effective set; empty means the whole topic.
     pub patterns: Vec<String>,
@@ -51,11 +56,13 @@ pub struct EffectiveView {
     /// How many set changes the group has had.
     pub installs: i64,
     /// The set it replaced (absent on the first install).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub previous: Option<Vec<String>>,
 }
 
 /// An open wait.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WaiterView {
     /// Who waits.
     pub declarer: String,
@@ -77,6 +84,7 @@ pub struct WaiterView {
 
 /// A worker instance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InstanceView {
     /// The instance's declarer identity.
     pub declarer: String,

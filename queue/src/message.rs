@@ -283,6 +283,7 @@ pub struct DeadLetter {
 
 /// A topic's log, as listed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicStats {
     /// The topic.
     pub topic: String,
@@ -339,6 +340,8 @@ impl SwapReport {
 /// One install as the group's routing applied it (ADR 0014): the listing's and the audit's
 /// record of what each swap did to the messages routed before it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Swap))]
 pub struct SwapRecord {
     /// The install (its ledger position).
     pub install: i64,
