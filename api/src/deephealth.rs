@@ -80,7 +80,8 @@ pub struct ReloadSummary {
     pub at: DateTime<Utc>,
 }
 
-/// Applied versus converged.
+/// Applied versus converged: a reload is applied once the new runtimes started; converged once
+/// every session reached subscribed. Degraded past the activation budget unconverged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[schema(as = ConfigWatch)]
 pub struct ConfigWatchReport {

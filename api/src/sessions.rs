@@ -51,7 +51,7 @@ pub struct LiveSession {
     pub held: u64,
     /// Deliveries that matched no filter, acked and dropped after `mqtt.unmatched_grace`.
     pub dropped_unmatched: u64,
-    /// An exclusive session's HA lease as this process sees it.
+    /// An exclusive session's HA lease as this process sees it; null for other modes.
     #[schema(required = true)]
     pub lease: Option<LiveLease>,
 }
@@ -109,10 +109,10 @@ pub struct SessionDetail {
     /// The runtime's report, when this process runs the session.
     #[schema(required = true)]
     pub live: Option<LiveSession>,
-    /// The exact history, when a baseline was seeded (absent: the history is unknown).
+    /// The exact managed-filter history; null while unknown (never seeded).
     #[schema(required = true)]
     pub history: Option<ManagedSessionView>,
-    /// The HA lease as the store records it (exclusive sessions; absent: never acquired).
+    /// The HA lease as the store records it; null when never acquired (not exclusive).
     #[schema(required = true)]
     pub lease: Option<LeaseRow>,
 }

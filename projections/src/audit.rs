@@ -79,7 +79,7 @@ impl HistoryQuery {
 pub struct HistoryEntry {
     /// Global ledger position.
     pub position: i64,
-    /// Sequence within the group.
+    /// Sequence within the group, from 1.
     pub sequence: i64,
     /// When the ledger recorded it (store clock).
     pub recorded_at: DateTime<Utc>,
@@ -99,13 +99,13 @@ pub struct HistoryEntry {
     pub declared_at: DateTime<Utc>,
     /// When this attempt ran.
     pub attempt_at: DateTime<Utc>,
-    /// For an install: the set it replaced.
+    /// For an install: the set it replaced (null on the first install and for waits).
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub previous: Option<Vec<String>>,
-    /// For a wait: the set it waited on.
+    /// For a wait: the set it waited on (null for installs).
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub incumbent: Option<Vec<String>>,
-    /// For a wait: the live instances that still declared the incumbent.
+    /// For a wait: the live instances that still declared the incumbent set.
     pub live_declarers: Vec<String>,
 }
 

@@ -213,7 +213,8 @@ impl PgProjector for SessionLeases {
 pub struct LeaseRow {
     /// The durable session identity.
     pub session_id: String,
-    /// The owner, when someone holds it (an expired owner stays until its expiry is observed).
+    /// The owner; null when free (released, or its expiry observed: an expired owner stays
+    /// until then).
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub holder: Option<String>,
     /// The owner's token, or the last token issued when free.

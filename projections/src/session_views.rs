@@ -9,7 +9,7 @@ use wharf_store::{PgStore, SqliteStore, Store, StoreError};
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[cfg_attr(feature = "openapi", schema(as = ManagedFilter))]
 pub struct ManagedFilterView {
-    /// The exact filter string.
+    /// The exact filter, shared forms included.
     pub filter: String,
     /// `seeded`, `remembered` (SUBSCRIBE sent or about to be), `granted` or `refused`.
     #[cfg_attr(
