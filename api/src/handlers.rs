@@ -387,7 +387,7 @@ async fn readyz(State(state): State<ApiState>) -> Response {
     summary = "Prometheus metrics",
     description = "The process's counters (claims, acks, nacks, dead-lettered, lost claims per group; published messages per topic; prune and retention deletions; store errors per operation) and the store's figures read at scrape time (per group: waiters, oldest wait age, live instances, installs, claimable, in flight, backing off, dead letters, set aside, rescan remaining, routing lag, oldest unacked age; per topic: head position and retained messages; projection lag), in the Prometheus text exposition format 0.0.4. Always 200: when the store fails or does not answer within the scrape timeout, `wharf_store_up` is 0 and the store's figures are left out. The metrics are listed in docs/metrics.md (ADR 0021).",
     responses(
-        (status = 200, description = "The metrics.", body = String, content_type = "text/plain; version=0.0.4", example = json!("# HELP wharf_store_up 1 when every store read of this scrape answered within the scrape timeout, else 0.\n# TYPE wharf_store_up gauge\nwharf_store_up 1\n"))
+        (status = 200, description = "The metrics.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8", example = json!("# HELP wharf_store_up 1 when every store read of this scrape answered within the scrape timeout, else 0.\n# TYPE wharf_store_up gauge\nwharf_store_up 1\n"))
     )
 )]
 async fn metrics(State(state): State<ApiState>) -> Response {

@@ -368,6 +368,17 @@ mod tests {
     }
 
     #[test]
+    fn the_metrics_media_type_is_the_one_served() {
+        let doc = document();
+        let content = doc["paths"][crate::handlers::METRICS_PATH]["get"]["responses"]["200"]
+            ["content"]
+            .as_object()
+            .expect("/metrics documents no content");
+        let media: Vec<&String> = content.keys().collect();
+        assert_eq!(media, [crate::metrics::CONTENT_TYPE]);
+    }
+
+    #[test]
     fn the_document_is_openapi_3_1() {
         let doc = document();
         let version = doc["openapi"].as_str().unwrap_or_default();

@@ -74,12 +74,22 @@ fn resolve<'d>(doc: &'d Value, node: &'d Value) -> &'d Value {
     }
 }
 
-/// Whether `actual` (a `Content-Type` header) is the documented media type `documented`.
+/// Whether `actual` (a `Content-Type` header) is the documented media type `documented`: the
+/// same type and subtype, and every parameter the document names (`version=0.0.4`) present.
 fn same_media(documented: &str, actual: &str) -> bool {
-    let norm = |s: &str| s.replace(' ', "").to_ascii_lowercase();
-    let actual = norm(actual);
-    let documented = norm(documented);
-    actual == documented || actual.split(';').next() == Some(documented.as_str())
+    let parts = |s: &str| -> Vec<String> {
+        s.split(';')
+            .map(|p| p.trim().to_ascii_lowercase())
+            .filter(|p| !p.is_empty())
+            .collect()
+    };
+    let (documented, actual) = (parts(documented), parts(actual));
+    match (documented.split_first(), actual.split_first()) {
+        (Some((d, d_params)), Some((a, a_params))) => {
+            d == a && d_params.iter().all(|p| a_params.contains(p))
+        }
+        _ => false,
+    }
 }
 
 /// Checks one response against the document; the error names what does not conform.
@@ -203,6 +213,10 @@ mod tests {
         assert!(status.contains("no 404"), "{status}");
         let media = check("GET", "/readyz", 200, "text/html", "{}").unwrap_err();
         assert!(media.contains("text/html"), "{media}");
+        let version = check("GET", "/metrics", 200, "text/plain; version=0.0.5", "").unwrap_err();
+        assert!(version.contains("0.0.5"), "{version}");
+        let reordered = "text/plain; charset=utf-8; version=0.0.4";
+        check("GET", "/metrics", 200, reordered, "").unwrap();
     }
 
     #[test]
