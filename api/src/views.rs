@@ -30,9 +30,8 @@ pub struct SwapList {
     pub swaps: Vec<SwapRecord>,
 }
 
-/// The group's queue figures ([`GroupQueueStats`] without its group and topic, which are those of
-/// the enclosing object). A declared group the queue has no row for reads as zeros with a null
-/// `oldest_unacked_seconds`.
+/// The group's queue figures (its group and topic are those of the enclosing object). A declared
+/// group the queue has no row for reads as zeros with a null `oldest_unacked_seconds`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct GroupQueue {
     /// The topic position the group has routed up to.
