@@ -367,6 +367,48 @@ mod tests {
         assert_eq!(group["schema"]["pattern"], "^[A-Za-z0-9._-]{1,255}$");
     }
 
+    /// The name rules the document states accept exactly what the domain's parsers accept.
+    #[test]
+    fn the_documented_name_rules_are_the_parsers() {
+        use wharf_domain::{DeclarerId, GroupName, TopicName};
+        let doc = document();
+        let schema_of = |path: &str, name: &str| {
+            parameters(&doc, path)
+                .into_iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("{path} has no {name}"))["schema"]
+                .clone()
+        };
+        let accepts = |schema: &Value, text: &str| {
+            jsonschema::validator_for(schema)
+                .expect("the parameter schema compiles")
+                .is_valid(&Value::from(text))
+        };
+        let samples = [
+            String::new(),
+            "a".into(),
+            "billing.v2".into(),
+            "x-y_Z9".into(),
+            "a b".into(),
+            "a/b".into(),
+            "ü".into(),
+            " ".into(),
+            "a".repeat(255),
+            "a".repeat(256),
+        ];
+        let group = schema_of(GROUP_PATH, "group");
+        let topic = schema_of(GROUPS_PATH, "topic");
+        let declarer = schema_of(DECLARATIONS_PATH, "declarer");
+        for text in &samples {
+            let parsed = GroupName::parse("group", text).is_ok();
+            assert_eq!(accepts(&group, text), parsed, "group {text:?}");
+            let parsed = TopicName::parse("topic", text).is_ok();
+            assert_eq!(accepts(&topic, text), parsed, "topic {text:?}");
+            let parsed = DeclarerId::parse("declarer", text).is_ok();
+            assert_eq!(accepts(&declarer, text), parsed, "declarer {text:?}");
+        }
+    }
+
     #[test]
     fn the_metrics_media_type_is_the_one_served() {
         let doc = document();

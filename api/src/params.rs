@@ -298,8 +298,8 @@ pub(crate) struct HistoryParamsDoc {
     /// `since` when both are given: otherwise 400 naming `until`.
     #[param(required = false)]
     until: DateTime<Utc>,
-    /// Only this declarer's entries (exact match).
-    #[param(required = false, min_length = 1, max_length = 255)]
+    /// Only this declarer's entries (exact match): 1 to 255 bytes, not blank.
+    #[param(required = false, min_length = 1, max_length = 255, pattern = r"\S")]
     declarer: String,
     /// Only entries after this ledger position: the previous page's `next_after`.
     #[param(required = false, minimum = 0, default = 0)]
