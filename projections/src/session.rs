@@ -207,15 +207,23 @@ impl ManagedSessions {
                         .collect::<Vec<_>>(),
                 )?;
                 statement.cte(
+                    "filters_re_remembered",
+                    &format!(
+                        "UPDATE managed_filter m SET state = 'remembered', requested_qos = t.q, \
+                         granted_qos = NULL, reason_code = NULL, updated_position = {position} \
+                         FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q) \
+                         WHERE m.session_id = {session} AND m.filter = t.f"
+                    ),
+                );
+                statement.cte(
                     "filters_remembered",
                     &format!(
                         "INSERT INTO managed_filter (session_id, filter, state, requested_qos, \
                          since_position, updated_position) \
                          SELECT {session}, f, 'remembered', q, {position}, {position} \
                          FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q) \
-                         ON CONFLICT (session_id, filter) DO UPDATE SET state = 'remembered', \
-                         requested_qos = excluded.requested_qos, granted_qos = NULL, \
-                         reason_code = NULL, updated_position = excluded.updated_position"
+                         WHERE NOT EXISTS (SELECT 1 FROM managed_filter m \
+                           WHERE m.session_id = {session} AND m.filter = t.f)"
                     ),
                 );
             }

@@ -49,6 +49,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(7, "postgres", "0007_managed_sessions.sql"),
     migration!(8, "postgres", "0008_listing_indexes.sql"),
     migration!(9, "postgres", "0009_session_lease.sql"),
+    migration!(10, "postgres", "0010_managed_filter_fillfactor.sql"),
 ];
 
 /// The schema version this build needs.

@@ -32,8 +32,20 @@ fn wharf(test: &TestStore) -> Wharf {
     Wharf::with_store(test.store.clone(), &config)
 }
 
+/// What one timed consumer run did.
+struct RuntimeRun {
+    rate: f64,
+    elapsed: Duration,
+    /// Fetches the runtime made (empty ones included).
+    fetches: u64,
+    /// Polls (every 2 ms) that found the consumer not ready after it first was (stalled or
+    /// re-declaring: it claims nothing then), out of all polls after that.
+    not_ready: usize,
+    polls: usize,
+}
+
 /// Starts a consumer with a no-op handler and times it until `expected` messages are handled.
-async fn runtime_run(wharf: &Wharf, expected: usize) -> (f64, Duration) {
+async fn runtime_run(wharf: &Wharf, expected: usize) -> RuntimeRun {
     let patterns: Vec<String> = (0..PATTERNS).map(|i| format!("sensors/{i}/+")).collect();
     let registration = Registration::new(GROUP, TOPIC, "1", &patterns).expect("registration");
     let start = Instant::now();
@@ -44,7 +56,14 @@ async fn runtime_run(wharf: &Wharf, expected: usize) -> (f64, Duration) {
             Ok(())
         }),
     );
+    let (mut ready_once, mut not_ready, mut polls) = (false, 0usize, 0usize);
     loop {
+        let ready = consumer.is_ready();
+        if ready_once {
+            polls += 1;
+            not_ready += usize::from(!ready);
+        }
+        ready_once |= ready;
         let stats = consumer.stats();
         assert_eq!(stats.handled_err + stats.claims_lost, 0, "{stats:?}");
         if stats.handled_ok >= expected as u64 {
@@ -59,7 +78,13 @@ async fn runtime_run(wharf: &Wharf, expected: usize) -> (f64, Duration) {
         last.handled_ok, expected as u64,
         "each message handled once"
     );
-    (expected as f64 / elapsed.as_secs_f64(), elapsed)
+    RuntimeRun {
+        rate: expected as f64 / elapsed.as_secs_f64(),
+        elapsed,
+        fetches: last.fetches,
+        not_ready,
+        polls,
+    }
 }
 
 async fn bench(backend: Backend, matched: usize) {
@@ -74,7 +99,8 @@ async fn bench(backend: Backend, matched: usize) {
 
     let before = plain_claim_and_ack(&test.store, matched).await;
     publish_half_matching(queue, matched).await;
-    let (rate, elapsed) = runtime_run(&wharf, matched).await;
+    let run = runtime_run(&wharf, matched).await;
+    let (rate, elapsed) = (run.rate, run.elapsed);
     let after = plain_claim_and_ack(&test.store, matched).await;
     let baseline = (before.rate() + after.rate()) / 2.0;
     println!("{backend:?}: consumer runtime (claim_batch 32, concurrency 8, acks share commits)");
@@ -83,6 +109,14 @@ async fn bench(backend: Backend, matched: usize) {
         "  {:<44} {matched:>7} handled in {:>6.2} s = {rate:>7.0} msg/s",
         format!("consumer runtime ({PATTERNS} patterns, 50% match)"),
         elapsed.as_secs_f64()
+    );
+    println!(
+        "  {:<44} {} fetches ({:.1} messages each); not ready in {} of {} polls after the first ready",
+        "",
+        run.fetches,
+        matched as f64 / run.fetches.max(1) as f64,
+        run.not_ready,
+        run.polls
     );
     println!("  {}", after.line("plain SKIP LOCKED queue (after)"));
     println!(

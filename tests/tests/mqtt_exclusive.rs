@@ -39,6 +39,18 @@ fn exclusive_config(ts: &TestStore, client_id: &str, filters: &[&str]) -> Config
     config
 }
 
+/// The session's lease events by type, renewals left out.
+async fn lease_history(ts: &TestStore, id: &str) -> Vec<String> {
+    ts.store
+        .load(LEASE_AGGREGATE, id)
+        .await
+        .expect("lease events")
+        .into_iter()
+        .map(|e| e.event_type)
+        .filter(|t| t != "LeaseRenewed")
+        .collect()
+}
+
 fn holds(status: &SessionStatus) -> bool {
     status.lease.as_ref().is_some_and(|l| l.held)
 }
@@ -90,15 +102,7 @@ async fn one_holder_at_a_time(backend: Backend) {
     assert_eq!(taken.lease.and_then(|l| l.token), Some(2));
     second.shutdown().await;
 
-    let lease_events: Vec<String> = ts
-        .store
-        .load(LEASE_AGGREGATE, &id)
-        .await
-        .expect("lease events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .filter(|t| t != "LeaseRenewed")
-        .collect();
+    let lease_events = lease_history(&ts, &id).await;
     assert_eq!(
         lease_events,
         [
@@ -144,13 +148,10 @@ async fn an_unseeded_exclusive_session_never_connects(backend: Backend) {
     assert_eq!(status.generation, None, "nothing connected");
     runtime.shutdown().await;
     let id = session_id(&config);
-    let released = ts
-        .store
-        .load(LEASE_AGGREGATE, &id)
+    let released = lease_history(&ts, &id)
         .await
-        .expect("lease events")
         .iter()
-        .any(|e| e.event_type == "LeaseReleased");
+        .any(|t| t == "LeaseReleased");
     assert!(released, "a round that failed closed gives the lease back");
 }
 
@@ -202,16 +203,7 @@ async fn a_refused_subscribe_releases_the_lease_each_round(backend: Backend) {
     })
     .await;
     assert!(again.level < SessionLevel::Full);
-    let rounds: Vec<String> = ts
-        .store
-        .load(LEASE_AGGREGATE, &id)
-        .await
-        .expect("lease events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .filter(|t| t != "LeaseRenewed")
-        .take(4)
-        .collect();
+    let rounds: Vec<String> = lease_history(&ts, &id).await.into_iter().take(4).collect();
     assert_eq!(
         rounds,
         [
@@ -289,15 +281,7 @@ async fn an_aborted_holder_leaves_its_lease_to_expire(backend: Backend) {
     .await;
     assert_eq!(taken.lease.and_then(|l| l.token), Some(2));
     next.shutdown().await;
-    let events: Vec<String> = ts
-        .store
-        .load(LEASE_AGGREGATE, &id)
-        .await
-        .expect("lease events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .filter(|t| t != "LeaseRenewed")
-        .collect();
+    let events = lease_history(&ts, &id).await;
     assert_eq!(
         events[..3],
         ["LeaseAcquired", "LeaseExpired", "LeaseAcquired"],
@@ -366,15 +350,7 @@ async fn a_migration_required_holder_keeps_the_lease_until_it_expires(backend: B
     );
     assert_eq!(taken.token.get(), 2);
     runtime.shutdown().await;
-    let events: Vec<String> = ts
-        .store
-        .load(LEASE_AGGREGATE, &id)
-        .await
-        .expect("lease events")
-        .into_iter()
-        .map(|e| e.event_type)
-        .filter(|t| t != "LeaseRenewed")
-        .collect();
+    let events = lease_history(&ts, &id).await;
     assert_eq!(
         events[..3],
         ["LeaseAcquired", "LeaseExpired", "LeaseAcquired"],

@@ -258,3 +258,34 @@ async fn a_fenced_fetch_stops_at_the_next_install(backend: Backend) {
     assert_eq!(subjects(&got), ["x/2"]);
 }
 on_both_backends!(fenced_fetch, a_fenced_fetch_stops_at_the_next_install);
+
+/// The claim statement itself is fenced: deliveries another instance already routed under the
+/// next install are there to be claimed, and a fetch fenced by the earlier install takes none
+/// of them (it must not hand out a message of a set its instance did not declare).
+async fn a_fenced_claim_takes_nothing_routed_under_the_next_install(backend: Backend) {
+    let store = TestStore::new(backend).await;
+    let queue = Queue::new(store.store.clone(), settings(HOUR));
+    let g = group("g");
+    declare(&store, "g", "orders", &["x/+"]).await;
+    let joined = install_of(&queue, &g).await;
+    declare(&store, "g", "orders", &["x/+", "y/+"]).await;
+    let current = install_of(&queue, &g).await;
+    queue
+        .publish(&topic("orders"), &[msg("x/1"), msg("y/1")])
+        .await
+        .unwrap();
+    // Route under the new install without claiming: the deliveries wait, stamped with it.
+    while queue.route(&g).await.unwrap().more(3) {}
+    let stats = queue.group_stats(Some(&g)).await.unwrap();
+    assert_eq!(stats[0].claimable, 2, "{stats:?}");
+    match queue.fetch_fenced(&g, "a:1:aa", joined, 5).await {
+        Err(QueueError::Fenced { joined: j, .. }) => assert_eq!(j, joined),
+        other => panic!("expected Fenced with nothing claimed, got {other:?}"),
+    }
+    let got = queue.fetch_fenced(&g, "b:1:bb", current, 5).await.unwrap();
+    assert_eq!(subjects(&got), ["x/1", "y/1"]);
+}
+on_both_backends!(
+    fenced_claim,
+    a_fenced_claim_takes_nothing_routed_under_the_next_install
+);

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sqlx::Row;
 use support::broker::Broker;
-use support::{Backend, Running, TestStore};
+use support::{Backend, Server, TestStore};
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -31,20 +31,9 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-struct Server {
-    running: Running,
-    address: SocketAddr,
-}
-
-async fn serve(store: &TestStore, name: &str) -> Server {
-    let mut running = Running::start(name, store.command(), &["--config", "wharf.toml", "serve"]);
-    let address = running.serving_address().await;
-    Server { running, address }
-}
-
 /// At Full: the session's live level in `GET /api/v1/sessions` (a standby is ready but never
 /// at Full).
-async fn ready(address: SocketAddr) -> bool {
+async fn at_full(address: SocketAddr) -> bool {
     let Ok(response) = reqwest::get(format!("http://{address}/api/v1/sessions")).await else {
         return false;
     };
@@ -101,7 +90,10 @@ async fn main() {
         .await
         .unwrap();
 
-    let mut servers = vec![serve(&store, "a").await, serve(&store, "b").await];
+    let mut servers = vec![
+        Server::start(&store, "a").await,
+        Server::start(&store, "b").await,
+    ];
     let ttl = Duration::from_millis(ttl_ms);
     let (mut failovers, mut reconciles) = (Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -113,7 +105,7 @@ async fn main() {
                     .iter()
                     .position(|s| name.contains(&format!(":{}:", s.running.pid())));
                 if let Some(i) = holder {
-                    if ready(servers[i].address).await {
+                    if at_full(servers[i].address).await {
                         break (i, token);
                     }
                 }
@@ -137,7 +129,7 @@ async fn main() {
                     }
                 }
             }
-            if ready(servers[other].address).await {
+            if at_full(servers[other].address).await {
                 break Instant::now();
             }
             assert!(Instant::now() < deadline, "no takeover within {DEADLINE:?}");
@@ -153,7 +145,7 @@ async fn main() {
         );
         failovers.push(failover);
         reconciles.push(reconcile);
-        servers[i] = serve(&store, &format!("restart-{round}")).await;
+        servers[i] = Server::start(&store, &format!("restart-{round}")).await;
     }
     failovers.sort();
     reconciles.sort();

@@ -13,6 +13,7 @@ use crate::error::WharfError;
 mod declarations;
 mod env;
 mod http;
+mod layers;
 mod lease;
 mod log;
 mod mqtt;
@@ -21,9 +22,10 @@ mod queue;
 mod store;
 
 pub use declarations::DeclarationConfig;
+use env::env_overrides;
 pub use env::ENV_PREFIX;
-use env::{apply_env, decode};
 pub use http::HttpConfig;
+use layers::Layer;
 pub use lease::LeaseConfig;
 pub use prune::PruneConfig;
 pub use queue::QueueConfig;
@@ -92,19 +94,34 @@ impl Config {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, WharfError> {
-        let mut table = match path {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    WharfError::Config(format!("cannot read {}: {e}", path.display()))
-                })?;
-                text.parse::<toml::Table>().map_err(|e| {
-                    WharfError::Config(format!("{} is not valid TOML: {e}", path.display()))
-                })?
-            }
-            None => toml::Table::new(),
-        };
-        apply_env(&mut table, env)?;
-        let config = decode(&table)?;
+        Self::load_layers(path, env, &[])
+    }
+
+    /// Loads the layers in order, later ones winning key by key: the defaults, `path` (when
+    /// given), the `WHARF_<SECTION>__<KEY>` overrides in `env`, then `flags` (dotted keys such
+    /// as `store.url`, from the command line). Validates the result.
+    pub fn load_layers(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        flags: &[(&str, String)],
+    ) -> Result<Self, WharfError> {
+        let mut layers = Vec::new();
+        if let Some(path) = path {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| WharfError::Config(format!("cannot read {}: {e}", path.display())))?;
+            let table = text.parse::<toml::Table>().map_err(|e| {
+                WharfError::Config(format!("{} is not valid TOML: {e}", path.display()))
+            })?;
+            layers.push(Layer::new(path.display().to_string(), table));
+        }
+        layers.push(Layer::new(
+            "WHARF_ environment variables",
+            env_overrides(env)?,
+        ));
+        if !flags.is_empty() {
+            layers.push(Layer::of_keys("command-line flags", flags)?);
+        }
+        let config = layers::extract(layers)?;
         config.validate()?;
         Ok(config)
     }
@@ -205,6 +222,74 @@ mod tests {
         assert_eq!(config.store.max_connections, 3);
         assert!(!config.store.auto_migrate);
         assert_eq!(config.declarations.instance_ttl, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn layers_merge_key_by_key_defaults_file_environment_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(
+            &path,
+            "[store]\nurl = \"sqlite://file.db\"\nmax_connections = 3\n\n\
+             [queue]\nconcurrency = 7\n",
+        )
+        .unwrap();
+        let flags = [("store.url", "sqlite://flag.db".to_owned())];
+        let config = Config::load_layers(
+            Some(&path),
+            env(&[
+                ("WHARF_STORE__URL", "sqlite://env.db"),
+                ("WHARF_STORE__MAX_CONNECTIONS", "5"),
+            ]),
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(config.store.url, "sqlite://flag.db", "flags win");
+        assert_eq!(
+            config.store.max_connections, 5,
+            "the environment beats the file"
+        );
+        assert_eq!(config.queue.concurrency, 7, "the file beats the defaults");
+        assert_eq!(
+            config.http,
+            HttpConfig::default(),
+            "untouched sections keep their defaults"
+        );
+    }
+
+    #[test]
+    fn an_error_names_the_key_and_the_layer_it_came_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wharf.toml");
+        std::fs::write(&path, "[queue]\nconcurrency = \"many\"\n").unwrap();
+        let err = Config::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(
+            err.contains("queue.concurrency") && err.contains("wharf.toml"),
+            "{err}"
+        );
+        let err = Config::load(None, env(&[("WHARF_QUEUE__CONCURRENCY", "many")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("queue.concurrency") && err.contains("environment"),
+            "{err}"
+        );
+        let flags = [("store.max_connections", "lots".to_owned())];
+        let err = Config::load_layers(None, env(&[]), &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("store.max_connections") && err.contains("command-line flags"),
+            "{err}"
+        );
+        let bad = [("nosection", "x".to_owned())];
+        let err = Config::load_layers(None, env(&[]), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nosection") && err.contains("SECTION.KEY"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sqlx::Row;
 use support::broker::Broker;
-use support::{Backend, Running, TestStore};
+use support::{Backend, Server, TestStore};
 use tokio::time::Instant;
 
 /// The longest any one wait of these tests may take.
@@ -42,18 +42,6 @@ fn config_toml(broker: &Broker, client_id: &str, filters: &[String], lease: [&st
          session_expiry = \"10m\"\nsubscriptions = [\n{subscriptions}]\n",
         broker.url()
     )
-}
-
-/// One `wharf serve` of the pair, with its address.
-struct Server {
-    running: Running,
-    address: SocketAddr,
-}
-
-async fn serve(store: &TestStore, name: &str) -> Server {
-    let mut running = Running::start(name, store.command(), &["--config", "wharf.toml", "serve"]);
-    let address = running.serving_address().await;
-    Server { running, address }
 }
 
 async fn ready(address: SocketAddr) -> bool {
@@ -238,8 +226,8 @@ async fn setup(lease: [&str; 3], n: usize) -> (TestStore, Broker, Vec<String>) {
 async fn a_stopped_holder_is_replaced_and_steps_down_when_resumed() {
     let (store, _broker, _) = setup(["3s", "300ms", "1500ms"], 5).await;
     let mut conn = connect(&store).await;
-    let a = serve(&store, "serve-a").await;
-    let b = serve(&store, "serve-b").await;
+    let a = Server::start(&store, "serve-a").await;
+    let b = Server::start(&store, "serve-b").await;
     let (first, holder, token) = wait_owner(&mut conn, &[&a, &b]).await;
     assert_eq!(token, 1);
     let (mut stale, mut other) = if first == 0 { (a, b) } else { (b, a) };
@@ -324,8 +312,8 @@ async fn sigkills_during_activation_never_land_a_stale_write() {
     let (store, _broker, desired) = setup(["1500ms", "150ms", "900ms"], 40).await;
     let mut conn = connect(&store).await;
     let mut servers = vec![
-        serve(&store, "serve-0").await,
-        serve(&store, "serve-1").await,
+        Server::start(&store, "serve-0").await,
+        Server::start(&store, "serve-1").await,
     ];
     let mut last_token = 0;
     for run in 0..RUNS {
@@ -340,7 +328,7 @@ async fn sigkills_during_activation_never_land_a_stale_write() {
         let delay = rand::random::<u64>() % 400;
         tokio::time::sleep(Duration::from_millis(delay)).await;
         servers[i].running.kill().await;
-        servers[i] = serve(&store, &format!("serve-{i}-{run}")).await;
+        servers[i] = Server::start(&store, &format!("serve-{i}-{run}")).await;
     }
     let refs: Vec<&Server> = servers.iter().collect();
     let (i, _, _) = wait_owner(&mut conn, &refs).await;

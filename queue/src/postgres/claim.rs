@@ -48,19 +48,22 @@ pub(crate) async fn claim(
     // the rest aside. With a fence, nothing is claimable once the install has moved on from
     // the one the caller joined. The row lock re-checks `routed_by` on a row re-stamped after
     // the statement's snapshot.
+    //
+    // The floor and the install are two scalar subqueries by primary key (each an InitPlan run
+    // once), not a CTE joining the two tables: the same rows from the same snapshot, and a
+    // missing row is NULL either way (nothing claimable), but cheaper to plan and run on every
+    // call (measured: the CTE form cost ~13% more per claim statement than the statement
+    // before the fence, this form ~6%).
     let rows: Vec<ClaimRow> = sqlx::query_as(
-        "WITH g AS ( \
-           SELECT g.claim_floor, e.position AS install FROM consumer_group g \
-           JOIN effective_declaration e ON e.group_name = g.group_name \
-           WHERE g.group_name = $1 AND ($6::bigint IS NULL OR e.position = $6)), \
-         claimed AS ( \
+        "WITH claimed AS ( \
            UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
              visible_at = clock_timestamp() + make_interval(secs => $5) \
            WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
              SELECT position FROM delivery \
              WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-               AND position >= (SELECT claim_floor FROM g) \
-               AND routed_by = (SELECT install FROM g) \
+               AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
+               AND routed_by = (SELECT position FROM effective_declaration \
+                 WHERE group_name = $1 AND ($6::bigint IS NULL OR position = $6)) \
              ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
            RETURNING d.topic, d.position, d.attempts, d.routed_by) \
          SELECT c.topic, c.position, c.attempts, c.routed_by, m.subject, m.payload, m.headers, \

@@ -60,6 +60,9 @@ pub struct PgStore {
     projectors: Arc<Vec<Arc<dyn PgProjector>>>,
 }
 
+/// A pooled connection idle at least this long is pinged before it is handed out.
+const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl PgStore {
     /// Connects (lazily: the first use dials) with the given inline projectors.
     pub fn connect(
@@ -89,6 +92,19 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
+            // sqlx pings every connection it hands out by default: one round trip more on
+            // every transaction. Only a connection idle for a while (one a server restart or a
+            // network timeout may have cut) is checked; one in steady use fails its statement
+            // and is dropped instead, and every caller retries a failed store call.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_BEFORE_PING {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |conn, _| {
                 let schema = schema.clone();
                 Box::pin(async move {

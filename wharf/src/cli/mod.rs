@@ -103,15 +103,22 @@ pub enum AuditCommand {
     Sessions(session_audit::SessionAuditArgs),
 }
 
-/// Loads the file and the environment; `--store-url` counts as the last environment override,
-/// so it is validated like every other value.
+/// Loads the defaults, the file, the environment, then the flags (`--store-url` is the layer
+/// above the environment), each value validated like every other.
 fn load_config(global: &GlobalArgs) -> anyhow::Result<Config> {
-    let flag = global
-        .store_url
-        .clone()
-        .map(|url| ("WHARF_STORE__URL".to_owned(), url));
-    let env = std::env::vars().chain(flag);
-    Ok(Config::load(global.config.as_deref(), env)?)
+    Ok(Config::load_layers(
+        global.config.as_deref(),
+        std::env::vars(),
+        &flag_layer(global.store_url.clone()),
+    )?)
+}
+
+/// The configuration keys the global flags set.
+fn flag_layer(store_url: Option<String>) -> Vec<(&'static str, String)> {
+    store_url
+        .map(|url| ("store.url", url))
+        .into_iter()
+        .collect()
 }
 
 /// How `serve` loads the configuration again on a reload: the same file, flags and
@@ -121,10 +128,11 @@ fn reload_loader(global: &GlobalArgs) -> (Option<PathBuf>, wharf::supervisor::Co
     let store_url = global.store_url.clone();
     let file = path.clone();
     let loader: wharf::supervisor::ConfigLoader = std::sync::Arc::new(move || {
-        let flag = store_url
-            .clone()
-            .map(|url| ("WHARF_STORE__URL".to_owned(), url));
-        Config::load(file.as_deref(), std::env::vars().chain(flag))
+        Config::load_layers(
+            file.as_deref(),
+            std::env::vars(),
+            &flag_layer(store_url.clone()),
+        )
     });
     (path, loader)
 }

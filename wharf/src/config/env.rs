@@ -1,5 +1,5 @@
-//! Environment overrides and decoding: `WHARF_<SECTION>__<KEY>` values merged into the file's
-//! table, each read as its key's type, then decoded with the key named in any error.
+//! Environment overrides: `WHARF_<SECTION>__<KEY>` values as a table of overrides, each read as
+//! its key's type (the layers are merged in `layers.rs`).
 
 use super::Config;
 use crate::error::WharfError;
@@ -11,40 +11,13 @@ pub const ENV_PREFIX: &str = "WHARF_";
 /// (`WHARF_CONFIG`, read by the command line) and the test harness's own.
 const ENV_NOT_CONFIG: &[&str] = &["WHARF_CONFIG", "WHARF_REQUIRE_SERVICES"];
 const ENV_NOT_CONFIG_PREFIXES: &[&str] = &["WHARF_TEST_", "WHARF_BENCH_"];
-/// Deserializes the merged table through its TOML text, so a value of the wrong type can be
-/// reported with its key (`queue.concurrency: invalid type ...`).
-pub(super) fn decode(table: &toml::Table) -> Result<Config, WharfError> {
-    let text = toml::to_string(table)
-        .map_err(|e| WharfError::Config(format!("cannot re-encode the configuration: {e}")))?;
-    toml::from_str(&text).map_err(|e: toml::de::Error| {
-        let message = e.message().trim_end();
-        WharfError::Config(match e.span().and_then(|span| key_at(&text, span.start)) {
-            Some(key) => format!("{key}: {message}"),
-            None => message.to_owned(),
-        })
-    })
-}
-
-/// The dotted key (`section.key`) of the line of `text` that holds byte `offset`.
-fn key_at(text: &str, offset: usize) -> Option<String> {
-    let line_start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
-    let line = text.get(line_start..)?.lines().next()?;
-    let key = line.split_once('=')?.0.trim().trim_matches('"');
-    let section = text[..line_start]
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix('[')?.strip_suffix(']'));
-    Some(match section {
-        Some(section) => format!("{section}.{key}"),
-        None => key.to_owned(),
-    })
-}
-
-pub(super) fn apply_env(
-    table: &mut toml::Table,
+/// The `WHARF_<SECTION>__<KEY>` variables of `env` as a table of overrides, each value read as
+/// its key's type; an unknown `WHARF_` variable (no `__`, and not one of the harness's or the
+/// file's own) is refused by name.
+pub(super) fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), WharfError> {
-    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
+) -> Result<toml::Table, WharfError> {
+    let mut table = toml::Table::new();
     for (name, value) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -61,20 +34,31 @@ pub(super) fn apply_env(
             )));
         };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-        let default = defaults
-            .get(&section)
-            .and_then(|s| s.as_table())
-            .and_then(|s| s.get(&key));
-        let entry = table
-            .entry(section.clone())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        let toml::Value::Table(section_table) = entry else {
-            return Err(WharfError::Config(format!(
-                "{name}: [{section}] in the file is not a table"
-            )));
-        };
-        section_table.insert(key, scalar(&value, default));
+        insert_typed(&mut table, &section, &key, &value)
+            .map_err(|e| WharfError::Config(format!("{name}: {e}")))?;
     }
+    Ok(table)
+}
+
+/// Sets `section.key` in `table` to `value` read as the type of the key's default.
+pub(super) fn insert_typed(
+    table: &mut toml::Table,
+    section: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), String> {
+    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
+    let default = defaults
+        .get(section)
+        .and_then(|s| s.as_table())
+        .and_then(|s| s.get(key));
+    let entry = table
+        .entry(section.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(section_table) = entry else {
+        return Err(format!("[{section}] is not a table"));
+    };
+    section_table.insert(key.to_owned(), scalar(value, default));
     Ok(())
 }
 

@@ -25,8 +25,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use wharf_domain::lease::{
-    ActivationPhases, FencingToken, LeaseError, LeaseHolder, RenewOutcome, Renewer, RenewerAction,
-    StepDownReason,
+    ActivationPhases, FencingToken, LeaseError, LeaseHolder, RenewOutcome, StepDownReason,
 };
 use wharf_domain::session::SessionLevel;
 use wharf_store::LeaseClaim;
@@ -315,42 +314,18 @@ impl Exclusive<'_> {
 
     /// Renews every `renew_interval` until the renewer steps down; returns why.
     async fn keep_renewed(&self, token: FencingToken, sent: Instant) -> StepDownReason {
-        let epoch = sent;
-        let mut renewer = Renewer::start(self.settings.lease, Duration::ZERO);
         let id = self.session.identity.id();
-        let mut next: Option<RenewerAction> = None;
-        loop {
-            let action = match next.take() {
-                Some(action) => action,
-                None => {
-                    let Some(wake) = renewer.next_wakeup() else {
-                        return deadline_missed(&renewer);
-                    };
-                    tokio::time::sleep_until(epoch + wake).await;
-                    match renewer.tick(epoch.elapsed()) {
-                        Some(action) => action,
-                        None => continue,
-                    }
-                }
-            };
-            let RenewerAction::Renew = action else {
-                return step_down_reason(action, &renewer);
-            };
-            let call = self.leases.renew(id, &self.holder, token);
-            let until = epoch + renewer.local_deadline();
-            let outcome = match tokio::time::timeout_at(until, call).await {
-                Ok(Ok(RenewVerdict::Renewed { expires_at })) => {
+        super::renewal::renew_until_step_down(self.settings.lease, sent, || async move {
+            match self.leases.renew(id, &self.holder, token).await {
+                Ok(RenewVerdict::Renewed { expires_at }) => {
                     self.set_lease(true, Some(token), Some(expires_at));
                     RenewOutcome::Renewed
                 }
-                Ok(Ok(RenewVerdict::Lost(reason))) => RenewOutcome::Lost(reason),
-                Ok(Err(e)) => RenewOutcome::Failed(e.to_string()),
-                Err(_) => RenewOutcome::Failed("the renew did not answer in time".to_owned()),
-            };
-            // The outcome may ask for the next renew at once (a failure late in the interval)
-            // or step down.
-            next = renewer.outcome(epoch.elapsed(), outcome);
-        }
+                Ok(RenewVerdict::Lost(reason)) => RenewOutcome::Lost(reason),
+                Err(e) => RenewOutcome::Failed(e.to_string()),
+            }
+        })
+        .await
     }
 
     /// Resolves (with the reason) if the session is not at Full by `deadline`; stays pending
@@ -424,23 +399,6 @@ impl std::fmt::Display for Cause {
             Self::Activation(reason) => f.write_str(reason),
             Self::SteppedDown(reason) => write!(f, "a step-down ({reason})"),
         }
-    }
-}
-
-fn deadline_missed(renewer: &Renewer) -> StepDownReason {
-    renewer
-        .stepped_down()
-        .cloned()
-        .unwrap_or(StepDownReason::DeadlineMissed {
-            since_success: Duration::ZERO,
-            last_error: None,
-        })
-}
-
-fn step_down_reason(action: RenewerAction, renewer: &Renewer) -> StepDownReason {
-    match action {
-        RenewerAction::StepDown { reason } => reason,
-        RenewerAction::Renew => deadline_missed(renewer),
     }
 }
 

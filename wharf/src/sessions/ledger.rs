@@ -3,13 +3,24 @@
 //!
 //! Loads are strong (the ledger itself, by the session's durable identity) and fail closed:
 //! a store error is an error, never an empty history.
+//!
+//! A ledger handle keeps each session's folded state as of a sequence (in memory, per process),
+//! so a command reads only the events appended since, not the whole stream again: a SUBACK
+//! record after a Remember of 10,000 filters would otherwise read that Remember back and decode
+//! it under the lock.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cqrs_es::Aggregate;
 use serde_json::json;
 use wharf_domain::session::{
     ExactFilter, ManagedFilterEvent, ManagedSession, ManagedSessionCommand, ManagedSessionError,
     Qos, SubscribeOutcome, MANAGED_SESSION_AGGREGATE,
 };
-use wharf_store::{LeaseClaim, NewEvent, RecordedEvent, SessionLock, Store, StoreError, Write};
+use wharf_store::{
+    LeaseClaim, NewEvent, RecordedEvent, SessionLock, Snapshot, Store, StoreError, Write,
+};
 
 use crate::error::WharfError;
 
@@ -19,6 +30,7 @@ pub struct SessionLedger {
     store: Store,
     /// An exclusive session owner's lease claim: every write is fenced by it.
     fence: Option<LeaseClaim>,
+    states: SessionStates,
 }
 
 /// Why a ledger command did not land.
@@ -26,12 +38,52 @@ pub struct SessionLedger {
 enum Refusal {
     Domain(ManagedSessionError),
     Corrupt(StoreError),
+    /// The cached state is ahead of the ledger (it was restored or replaced): drop it, reload.
+    Stale,
 }
+
+/// Each session's folded state as of a ledger sequence, shared by the clones of one ledger
+/// handle (fenced or not). Events never change once appended, so the fold of events `1..=n`
+/// stays exact and a command folds into it only the events after `n`, read under the session's
+/// lock (whoever appended them: another process, another owner); a ledger whose head is below
+/// `n` moved backwards (a restore) and the state is read again in full. A command takes the
+/// state out while it runs, so a concurrent command on the same session reads the whole stream.
+#[derive(Clone, Default)]
+struct SessionStates(Arc<Mutex<HashMap<String, (i64, ManagedSession)>>>);
+
+impl SessionStates {
+    fn take(&self, session_id: &str) -> (i64, ManagedSession) {
+        self.lock().remove(session_id).unwrap_or_default()
+    }
+
+    fn put(&self, session_id: &str, sequence: i64, state: ManagedSession) {
+        let mut states = self.lock();
+        let newer = states
+            .get(session_id)
+            .is_none_or(|(held, _)| *held <= sequence);
+        if newer {
+            states.insert(session_id.to_owned(), (sequence, state));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, ManagedSession)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What a landed command hands back: its events, the state after them, and its sequence.
+type Landed = (Vec<ManagedFilterEvent>, ManagedSession, i64);
 
 impl SessionLedger {
     /// The ledger on `store`.
     pub fn new(store: Store) -> Self {
-        Self { store, fence: None }
+        Self {
+            store,
+            fence: None,
+            states: SessionStates::default(),
+        }
     }
 
     /// The HA lease ledger on the same store (exclusive sessions).
@@ -46,6 +98,7 @@ impl SessionLedger {
         Self {
             store: self.store.clone(),
             fence: Some(claim),
+            states: self.states.clone(),
         }
     }
 
@@ -55,7 +108,11 @@ impl SessionLedger {
             .store
             .load(MANAGED_SESSION_AGGREGATE, session_id)
             .await?;
-        Ok(fold(&events)?)
+        let mut state = ManagedSession::default();
+        fold(&mut state, &events)?;
+        let sequence = events.last().map_or(0, |e| e.sequence);
+        self.states.put(session_id, sequence, state.clone());
+        Ok(state)
     }
 
     /// Seeds the baseline (`filters` may be empty) or adds listed filters missing from it.
@@ -135,13 +192,6 @@ impl SessionLedger {
         session_id: &str,
         command: ManagedSessionCommand,
     ) -> Result<Vec<ManagedFilterEvent>, WharfError> {
-        let lock = SessionLock {
-            stream_type: MANAGED_SESSION_AGGREGATE,
-            lock_type: MANAGED_SESSION_AGGREGATE,
-            session_id: session_id.to_owned(),
-            after_sequence: 0,
-            fence: self.fence.clone(),
-        };
         // Who wrote it: an exclusive owner's writes name its claim, for the audit.
         let metadata = match &self.fence {
             None => json!({ "wharf_version": env!("CARGO_PKG_VERSION") }),
@@ -151,43 +201,77 @@ impl SessionLedger {
                 "lease_token": claim.token,
             }),
         };
-        let decided = self
-            .store
-            .execute(lock, move |snapshot| {
-                let state = fold(&snapshot.events).map_err(Refusal::Corrupt)?;
-                let events = state.decide(&command).map_err(Refusal::Domain)?;
-                let metadata = metadata.clone();
-                let new = events
-                    .iter()
-                    .map(|e| NewEvent::from_domain(e, metadata.clone()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(Refusal::Corrupt)?;
-                Ok((Write::events(new), events))
-            })
-            .await
-            .map_err(|e| match e {
-                StoreError::GuardRefused { reason, .. } => WharfError::Fenced {
-                    session_id: session_id.to_owned(),
-                    reason,
-                },
-                other => other.into(),
-            })?;
-        match decided {
-            Ok(events) => Ok(events),
-            Err(Refusal::Domain(e)) => Err(WharfError::Session(e)),
-            Err(Refusal::Corrupt(e)) => Err(e.into()),
+        for _ in 0..2 {
+            let (after_sequence, state) = self.states.take(session_id);
+            let lock = SessionLock {
+                stream_type: MANAGED_SESSION_AGGREGATE,
+                lock_type: MANAGED_SESSION_AGGREGATE,
+                session_id: session_id.to_owned(),
+                after_sequence,
+                fence: self.fence.clone(),
+            };
+            let decide = decision(state, command.clone(), metadata.clone());
+            let decided = self
+                .store
+                .execute(lock, decide)
+                .await
+                .map_err(|e| match e {
+                    StoreError::GuardRefused { reason, .. } => WharfError::Fenced {
+                        session_id: session_id.to_owned(),
+                        reason,
+                    },
+                    other => other.into(),
+                })?;
+            match decided {
+                Ok((events, state, sequence)) => {
+                    self.states.put(session_id, sequence, state);
+                    return Ok(events);
+                }
+                Err(Refusal::Stale) => {}
+                Err(Refusal::Domain(e)) => return Err(WharfError::Session(e)),
+                Err(Refusal::Corrupt(e)) => return Err(e.into()),
+            }
         }
+        Err(StoreError::decode(
+            0,
+            "the session's ledger moved backwards twice under one command",
+        )
+        .into())
+    }
+}
+
+/// The pure closure the locked executor runs: fold the events after the cached state's
+/// sequence into it, decide, and say what to append and the state that results.
+fn decision(
+    mut state: ManagedSession,
+    command: ManagedSessionCommand,
+    metadata: serde_json::Value,
+) -> impl FnOnce(&Snapshot<()>) -> Result<(Write<()>, Landed), Refusal> + Send + 'static {
+    move |snapshot| {
+        if snapshot.stream_head < snapshot.after_sequence {
+            return Err(Refusal::Stale);
+        }
+        fold(&mut state, &snapshot.events).map_err(Refusal::Corrupt)?;
+        let events = state.decide(&command).map_err(Refusal::Domain)?;
+        let new = events
+            .iter()
+            .map(|e| NewEvent::from_domain(e, metadata.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Refusal::Corrupt)?;
+        let sequence = snapshot.last_sequence() + events.len() as i64;
+        for event in &events {
+            state.apply(event.clone());
+        }
+        Ok((Write::events(new), (events, state, sequence)))
     }
 }
 
 /// Folds stored events into the session's state.
-fn fold(events: &[RecordedEvent]) -> Result<ManagedSession, StoreError> {
-    let mut decoded = Vec::with_capacity(events.len());
+fn fold(state: &mut ManagedSession, events: &[RecordedEvent]) -> Result<(), StoreError> {
     for event in events {
-        decoded.push(
-            ManagedFilterEvent::decode(&event.event_type, &event.payload)
-                .map_err(|e| StoreError::decode(event.position, e))?,
-        );
+        let decoded = ManagedFilterEvent::decode(&event.event_type, &event.payload)
+            .map_err(|e| StoreError::decode(event.position, e))?;
+        state.apply(decoded);
     }
-    Ok(ManagedSession::fold(&decoded))
+    Ok(())
 }

@@ -53,6 +53,7 @@ fn is_identity(reference: &str) -> bool {
 
 mod exclusive;
 mod ingest;
+mod renewal;
 mod run;
 mod runtime;
 mod subscribe;

@@ -456,3 +456,20 @@ impl Running {
         status.code()
     }
 }
+
+/// A running `wharf serve` on the store's `wharf.toml`, with its listen address.
+pub struct Server {
+    pub running: Running,
+    pub address: std::net::SocketAddr,
+}
+
+impl Server {
+    /// Starts `wharf --config wharf.toml serve` on `store`, named `name` in transcripts, and
+    /// waits for its listen address.
+    pub async fn start(store: &TestStore, name: &str) -> Self {
+        let mut running =
+            Running::start(name, store.command(), &["--config", "wharf.toml", "serve"]);
+        let address = running.serving_address().await;
+        Self { running, address }
+    }
+}
