@@ -205,18 +205,39 @@ impl From<QueueError> for ApiError {
     }
 }
 
-/// The JSON body of every error response.
-#[derive(Debug, Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorDetail<'a>,
+/// Every `code` an error body can carry, in the order the document lists them.
+pub(crate) const ERROR_CODES: [&str; 7] = [
+    CODE_INVALID,
+    CODE_NOT_FOUND,
+    CODE_METHOD,
+    CODE_TOO_LARGE,
+    CODE_TIMEOUT,
+    CODE_UNAVAILABLE,
+    CODE_INTERNAL,
+];
+
+/// The body of every error response, including unknown paths (404) and methods other than GET
+/// (405).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize)]
-struct ErrorDetail<'a> {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct ErrorDetail {
+    #[schema(value_type = String, schema_with = error_code)]
     code: &'static str,
+    /// Human-readable explanation.
     message: String,
+    /// The request parameter at fault; present only for invalid_parameter.
     #[serde(skip_serializing_if = "Option::is_none")]
-    field: Option<&'a str>,
+    #[schema(nullable = false)]
+    field: Option<String>,
+}
+
+fn error_code() -> utoipa::openapi::schema::Object {
+    wharf_projections::openapi::string_enum(&ERROR_CODES)
 }
 
 /// Writes an error and its whole chain of causes on one line, for the log.
@@ -243,7 +264,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code(),
                 message: self.public_message(),
-                field: self.field(),
+                field: self.field().map(str::to_owned),
             },
         };
         (self.status(), Json(body)).into_response()

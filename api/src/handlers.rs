@@ -11,9 +11,9 @@ use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
 use wharf_projections::{GroupView, HistoryPage, MemberQuery};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
-use crate::openapi::OPENAPI_JSON;
+
 use crate::params;
 use crate::state::{ApiState, HealthStatus};
 use crate::views::{DeadLetterPage, GroupDetail, GroupList, SwapList, TopicList};
@@ -70,6 +70,19 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
     ]
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/topics",
+    operation_id = "listTopics",
+    tag = "queue",
+    summary = "Every topic's head and size",
+    description = "Each topic ever published to, ordered by name: the last position assigned and how many messages the log still retains.",
+    responses(
+        (status = 200, description = "The topics (an empty list when nothing was ever published).", body = TopicList),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, ApiError> {
     let topics = state.queue().topic_stats().await?;
     Ok(Json(TopicList { topics }))
@@ -78,6 +91,21 @@ async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, A
 /// A page of the declared groups (by name, from the `after` cursor, filtered by `topic` and
 /// `waiting`) joined by name with their queue figures, each read by key. The two reads are not
 /// one snapshot: figures may be a moment apart from the declarations.
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups",
+    operation_id = "listGroups",
+    tag = "groups",
+    summary = "A page of the declared consumer groups",
+    description = "One page of groups, ordered by group name, each with its effective declaration, the first page (at most 100) of its open waiters and of its recorded worker instances, and its queue figures. Page with `after`: pass the previous page's `next_after` verbatim; it is null on the last page. Paging is by key (the group name), so a walk never lists a group twice and lists every group that existed throughout it exactly once, while other groups are created. A group whose waiters or instances do not fit names the cursor of the rest (`waiters_next_after`, `instances_next_after`) for `GET /api/v1/groups/{group}`. Every read is by index: a page costs what its size costs, whatever the number of groups or the length of the ledger. Any other query parameter, or one given twice, is refused with 400. The declarations and the queue figures are two reads, not one snapshot.",
+    params(params::GroupsParamsDoc),
+    responses(
+        (status = 200, description = "The page (an empty list when no group matches).", body = GroupList),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn list_groups(
     State(state): State<ApiState>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -100,6 +128,22 @@ async fn list_groups(
 
 /// One group with a page of its waiters and of its instances (`limit`, `waiters_after`,
 /// `instances_after`) and its queue figures.
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups/{group}",
+    operation_id = "getGroup",
+    tag = "groups",
+    summary = "One consumer group",
+    description = "The group's declaration view and its queue figures, as in the listing, with one page of its open waiters (by when each first stated its set, then declarer) and one page of its worker instances (by declarer). `waiters_next_after` and `instances_next_after` name the cursor of the next page of each (null when none follows): pass one back as `waiters_after` or `instances_after`; the two lists page independently. Any other query parameter, or one given twice, is refused with 400.",
+    params(params::GroupPathDoc, params::GroupParamsDoc),
+    responses(
+        (status = 200, description = "The group.", body = GroupDetail),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = ErrorBody),
+        (status = 404, description = "The group was never declared.", body = ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn one_group(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
@@ -120,6 +164,22 @@ async fn one_group(
     Ok(Json(GroupDetail::new(view, stats)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups/{group}/declarations",
+    operation_id = "listDeclarations",
+    tag = "groups",
+    summary = "A page of a group's declaration history",
+    description = "Declaration attempts from the ledger in position order: installs (set changes) and waits. Filter by time and declarer; page by passing the previous page's `next_after` as `after`. `until` must be later than `since` when both are given. Any other query parameter, or one given twice, is refused with 400.",
+    params(params::GroupPathDoc, params::HistoryParamsDoc),
+    responses(
+        (status = 200, description = "The page.", body = HistoryPage),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = ErrorBody),
+        (status = 404, description = "The group was never declared.", body = ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn declarations(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
@@ -134,6 +194,22 @@ async fn declarations(
     Ok(Json(page))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups/{group}/dead-letters",
+    operation_id = "listDeadLetters",
+    tag = "queue",
+    summary = "A page of a group's dead letters",
+    description = "Messages the group gave up on, in topic-position order, each with a full copy of the message (payload in standard base64). Page by passing the previous page's `next_after` as `after`. Paging is by position: a message dead-lettered later at a position before the cursor is not seen by a walk already past it. Any other query parameter, or one given twice, is refused with 400; parameters are checked before the group is looked up.",
+    params(params::GroupPathDoc, params::DeadLetterParamsDoc),
+    responses(
+        (status = 200, description = "The page.", body = DeadLetterPage),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = ErrorBody),
+        (status = 404, description = "The group was never declared.", body = ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn dead_letters(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
@@ -153,6 +229,22 @@ async fn dead_letters(
 
 /// The installs the group's routing applied, newest first: what each swap kept claimable, set
 /// aside and restored, and the log range it rescanned (ADR 0014).
+#[utoipa::path(
+    get,
+    path = "/api/v1/groups/{group}/swaps",
+    operation_id = "listSwaps",
+    tag = "queue",
+    summary = "What each swap did to the group's messages",
+    description = "The installs the group's routing applied, newest first. A swap applies at the router's first step after the install commits: unacked deliveries of earlier installs are kept when the new set matches them and set aside otherwise; set-aside deliveries the new set matches are restored; then the new set rescans what the log holds from its oldest message up to where the previous install had routed. Only `limit` (1 to 1000, default 20) is accepted; any other query parameter, or one given twice, is refused with 400.",
+    params(params::GroupPathDoc, params::SwapParamsDoc),
+    responses(
+        (status = 200, description = "The swaps.", body = SwapList),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = ErrorBody),
+        (status = 404, description = "The group was never declared.", body = ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
+    )
+)]
 async fn swaps(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
@@ -201,10 +293,36 @@ fn group_name(path: Result<Path<String>, PathRejection>) -> Result<GroupName, Ap
     Ok(GroupName::parse("group", &raw)?)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/openapi.json",
+    operation_id = "getOpenApi",
+    tag = "meta",
+    summary = "This document",
+    description = "This OpenAPI 3.1 document, generated from the types the handlers serve.",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document.", body = Object)
+    )
+)]
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document_json(),
+    )
+        .into_response()
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "getLiveness",
+    tag = "probes",
+    summary = "Liveness",
+    description = "Always passes while the process serves HTTP; never touches the database.",
+    responses(
+        (status = 200, description = "The process is alive.", body = crate::openapi::Pass)
+    )
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "pass" }))
 }
@@ -212,6 +330,18 @@ async fn healthz() -> Json<serde_json::Value> {
 /// The `application/health+json` readiness answer: the worst check's status (`fail` is 503,
 /// `pass` and `warn` are 200), every check keyed `component:measurement`, and the first
 /// failing check's reason as `output`.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "getReadiness",
+    tag = "probes",
+    summary = "Readiness",
+    description = "An application/health+json answer: passes when the store can serve the listing (reachable, a schema this build can read, catch-up projections applying). `warn` (200) when a newer build migrated the store. Checks are keyed `component:measurement`: `store:schema`, `projections:catch-up`, `mqtt:sessions`, or `readiness:probe` for a custom probe and `readiness:duration` when the probe does not finish in time.",
+    responses(
+        (status = 200, description = "Ready for traffic (status pass or warn).", body = crate::openapi::Health, content_type = "application/health+json"),
+        (status = 503, description = "Not ready (status fail); `output` is the first failing check's reason.", body = crate::openapi::Health, content_type = "application/health+json")
+    )
+)]
 async fn readyz(State(state): State<ApiState>) -> Response {
     let checks = state.check_health().await;
     let status = checks
@@ -249,6 +379,17 @@ async fn readyz(State(state): State<ApiState>) -> Response {
 
 /// The process's counters and the store's figures, read now (ADR 0021). Always 200: a store
 /// that fails or does not answer within the scrape timeout shows as `wharf_store_up 0`.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "getMetrics",
+    tag = "probes",
+    summary = "Prometheus metrics",
+    description = "The process's counters (claims, acks, nacks, dead-lettered, lost claims per group; published messages per topic; prune and retention deletions; store errors per operation) and the store's figures read at scrape time (per group: waiters, oldest wait age, live instances, installs, claimable, in flight, backing off, dead letters, set aside, rescan remaining, routing lag, oldest unacked age; per topic: head position and retained messages; projection lag), in the Prometheus text exposition format 0.0.4. Always 200: when the store fails or does not answer within the scrape timeout, `wharf_store_up` is 0 and the store's figures are left out. The metrics are listed in docs/metrics.md (ADR 0021).",
+    responses(
+        (status = 200, description = "The metrics.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8", example = json!("# HELP wharf_store_up 1 when every store read of this scrape answered within the scrape timeout, else 0.\n# TYPE wharf_store_up gauge\nwharf_store_up 1\n"))
+    )
+)]
 async fn metrics(State(state): State<ApiState>) -> Response {
     let store = StoreCollector::new(
         state.read_model().clone(),

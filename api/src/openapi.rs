@@ -1,11 +1,270 @@
-//! The OpenAPI 3.1 document that describes this API.
+//! The OpenAPI 3.1 document that describes this API, generated from the types the handlers
+//! serve (utoipa, ADR 0031).
 //!
-//! It is written by hand in `api/openapi.json` and embedded at build time; the tests below keep
-//! it honest against the router's route table, the paged listings' parameters, the queue schemas
-//! and the error codes.
+//! Every response body derives `ToSchema` (the projections' and the queue's types behind their
+//! `openapi` feature); every handler carries its `#[utoipa::path]` (operation id, prose,
+//! parameters, responses); the parameter rules the hand parsers in `params.rs` enforce are the
+//! `*Doc` parameter structs there. [`document_json`] builds the document once and caches it for
+//! `GET /api/v1/openapi.json`. `api/openapi.json` is a checked-in copy, so reviewers see API
+//! changes as diffs: a test fails when it differs from the generated one, and
+//! `WHARF_BLESS_OPENAPI=1 cargo test -p wharf-api --lib openapi` rewrites it.
 
-/// The document, served as is at `GET /api/v1/openapi.json`.
-pub const OPENAPI_JSON: &str = include_str!("../openapi.json");
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use serde::Serialize;
+use utoipa::openapi::schema::Object;
+use utoipa::openapi::{Content, Ref, RefOr, Response};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use crate::deephealth::{ConfigWatchReport, ConsumerReport, DeepSession};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Wharf listing API",
+        version = "1.0.0",
+        description = "Read-only listing of Wharf topics, consumer groups with their queue figures, declaration history and dead letters, managed MQTT sessions, and the service probes. Every response is JSON except `/metrics` (Prometheus text format). Every error has the body described by the `Error` schema; `field` names the request parameter at fault when there is one. Times are RFC 3339 in UTC. Ledger positions are global commit-order integers; topic (log) positions are per-topic, gapless, commit-order integers from 1.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    paths(
+        crate::handlers::list_topics,
+        crate::handlers::list_groups,
+        crate::handlers::one_group,
+        crate::handlers::declarations,
+        crate::handlers::dead_letters,
+        crate::handlers::swaps,
+        crate::handlers::openapi,
+        crate::handlers::healthz,
+        crate::handlers::readyz,
+        crate::handlers::metrics,
+        crate::sessions::list_sessions,
+        crate::sessions::one_session,
+        crate::sessions::session_events,
+        crate::deephealth::deephealth,
+    ),
+    components(schemas(crate::error::ErrorBody)),
+    modifiers(&ServerBounds),
+    tags(
+        (name = "groups", description = "Consumer groups and their declaration history."),
+        (name = "queue", description = "Topics, dead letters and swaps of the message log."),
+        (name = "sessions", description = "Managed MQTT sessions and their audit."),
+        (name = "probes", description = "Liveness, readiness, deep health and metrics."),
+        (name = "meta", description = "About this API."),
+    )
+)]
+struct ApiDoc;
+
+/// The generated document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// The generated document as pretty JSON, built once and served as is at
+/// `GET /api/v1/openapi.json`.
+pub fn document_json() -> &'static str {
+    static JSON: OnceLock<String> = OnceLock::new();
+    JSON.get_or_init(|| {
+        let mut text = document()
+            .to_pretty_json()
+            .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+        text.push('\n');
+        text
+    })
+}
+
+/// The bounds every request meets in `server.rs` (ADR 0018), whatever its path: a declared body
+/// over `http.max_body_bytes` is 413 `payload_too_large`, and a request that does not finish
+/// within `http.request_timeout` is 503 `timeout`, both with the `Error` body.
+struct ServerBounds;
+
+const TOO_LARGE: &str =
+    "The request declared a body larger than `http.max_body_bytes` (`payload_too_large`).";
+const TIMED_OUT: &str = "The request did not finish within `http.request_timeout` (`timeout`).";
+
+impl Modify for ServerBounds {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let error = || Content::new(Some(RefOr::Ref(Ref::from_schema_name("Error"))));
+        for item in openapi.paths.paths.values_mut() {
+            let Some(operation) = item.get.as_mut() else {
+                continue;
+            };
+            let responses = &mut operation.responses.responses;
+            let mut too_large = Response::new(TOO_LARGE);
+            too_large
+                .content
+                .insert("application/json".to_owned(), error());
+            responses.insert("413".to_owned(), RefOr::T(too_large));
+            match responses.get_mut("503") {
+                Some(RefOr::T(unavailable)) => {
+                    if !unavailable.content.contains_key("application/json") {
+                        unavailable
+                            .content
+                            .insert("application/json".to_owned(), error());
+                    }
+                    unavailable.description =
+                        format!("{} Or: {TIMED_OUT}", unavailable.description);
+                }
+                _ => {
+                    let mut timed_out = Response::new(TIMED_OUT);
+                    timed_out
+                        .content
+                        .insert("application/json".to_owned(), error());
+                    responses.insert("503".to_owned(), RefOr::T(timed_out));
+                }
+            }
+        }
+    }
+}
+
+/// A string schema allowing only `values`.
+fn one_of(values: &[&str]) -> Object {
+    wharf_projections::openapi::string_enum(values)
+}
+
+/// A session's level (`LiveSession`, `DeepSession`).
+pub(crate) fn session_level() -> Object {
+    one_of(&[
+        "starting",
+        "connected",
+        "subscribed",
+        "full",
+        "migration_required",
+    ])
+}
+
+/// A session stream (`SessionEventPage.stream`).
+pub(crate) fn session_stream() -> Object {
+    one_of(&["filters", "lease"])
+}
+
+/// The `stream` query parameter: a session stream, `filters` by default.
+pub(crate) fn stream_parameter() -> Object {
+    let mut schema = session_stream();
+    schema.default = Some(serde_json::json!("filters"));
+    schema
+}
+
+/// A reload's outcome.
+pub(crate) fn reload_outcome() -> Object {
+    one_of(&["applied", "unchanged", "refused", "failed"])
+}
+
+/// The supervisor's reload strategy.
+pub(crate) fn reload_strategy() -> Object {
+    one_of(&["direct", "debounced"])
+}
+
+/// A consumer's state in deep health.
+pub(crate) fn consumer_state() -> Object {
+    one_of(&[
+        "declaring",
+        "waiting",
+        "consuming",
+        "stalled",
+        "failed",
+        "stopped",
+    ])
+}
+
+fn health_status() -> Object {
+    one_of(&["pass", "warn", "fail"])
+}
+
+fn pass_only() -> Object {
+    one_of(&["pass"])
+}
+
+// The health answers are assembled as JSON in `handlers.rs` and `deephealth.rs` (their shape is
+// application/health+json's, keyed by check). These types state that shape for the document and
+// are never built; the response validation of the HTTP tests holds the answers to them.
+
+/// The liveness answer.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Pass {
+    #[schema(value_type = String, schema_with = pass_only)]
+    status: String,
+}
+
+/// The readiness answer (application/health+json).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Health {
+    /// The worst check's status: `fail` is 503, `pass` and `warn` are 200.
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// The first failing check's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
+    /// Every check, keyed `component:measurement`.
+    checks: BTreeMap<String, Vec<HealthCheck>>,
+}
+
+/// One readiness check.
+#[derive(Serialize, ToSchema)]
+#[schema(as = HealthCheck)]
+pub(crate) struct HealthCheck {
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// Why it warns or fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
+}
+
+/// The deep health answer (application/health+json).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeepHealth {
+    /// The worst check's status: `fail` (503) only when the store does not answer.
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// `wharf deep health`.
+    description: String,
+    /// Every check, keyed `component:measurement`.
+    checks: BTreeMap<String, Vec<DeepCheck>>,
+    /// Whether the store answered a schema read within the ready timeout.
+    store: StoreReachability,
+    /// The supervisor's state; null without one.
+    #[schema(required = true)]
+    config_watch: Option<ConfigWatchReport>,
+    /// The sessions, in configuration order.
+    sessions: Vec<DeepSession>,
+    /// This process's consumers.
+    consumers: Vec<ConsumerReport>,
+}
+
+/// One deep health check.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeepCheck {
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// The session or consumer the entry is about.
+    #[serde(rename = "componentId", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    component_id: Option<String>,
+    /// What was observed (a level, a state, an outcome, or the generations).
+    #[serde(rename = "observedValue", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Value)]
+    observed_value: Option<serde_json::Value>,
+    /// Why it warns or fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+    /// When it was observed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    time: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The store's reachability.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct StoreReachability {
+    /// True when it answered.
+    reachable: bool,
+    /// Why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
+}
 
 #[cfg(test)]
 mod tests {
@@ -13,7 +272,7 @@ mod tests {
 
     use serde_json::Value;
 
-    use super::OPENAPI_JSON;
+    use super::document_json;
     use crate::error::ApiError;
     use crate::handlers::{routes, DEAD_LETTERS_PATH, DECLARATIONS_PATH, GROUPS_PATH, GROUP_PATH};
     use crate::params::{
@@ -22,7 +281,7 @@ mod tests {
     use crate::views::{DeadLetterView, GroupQueue};
 
     fn document() -> Value {
-        serde_json::from_str(OPENAPI_JSON).expect("api/openapi.json is not valid JSON")
+        serde_json::from_str(document_json()).expect("the generated document is not valid JSON")
     }
 
     fn documented_paths(doc: &Value) -> BTreeSet<String> {
@@ -32,6 +291,133 @@ mod tests {
             .keys()
             .cloned()
             .collect()
+    }
+
+    /// `api/openapi.json` is the generated document, byte for byte, so a change to the API
+    /// shows in review as a diff of that file. `WHARF_BLESS_OPENAPI=1` rewrites it.
+    #[test]
+    fn the_checked_in_copy_is_the_generated_document() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+        if std::env::var_os("WHARF_BLESS_OPENAPI").is_some_and(|v| v == "1") {
+            std::fs::write(path, document_json()).expect("api/openapi.json is writable");
+        }
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == document_json(),
+            "api/openapi.json differs from the document generated from the types; review the \
+             API change and rewrite it with WHARF_BLESS_OPENAPI=1 cargo test -p wharf-api --lib openapi"
+        );
+    }
+
+    #[test]
+    fn the_swap_and_session_event_parameters_match_the_parser() {
+        use crate::handlers::{SESSION_EVENTS_PATH, SWAPS_PATH};
+        use crate::params::{DEFAULT_LIMIT, DEFAULT_SWAPS, SESSION_EVENT_PARAMS, SWAP_PARAMS};
+        let doc = document();
+        for (path, known, default) in [
+            (SWAPS_PATH, SWAP_PARAMS, DEFAULT_SWAPS),
+            (SESSION_EVENTS_PATH, SESSION_EVENT_PARAMS, DEFAULT_LIMIT),
+        ] {
+            let parsed: BTreeSet<String> = known.iter().map(|p| (*p).to_owned()).collect();
+            assert_eq!(query_parameter_names(&doc, path), parsed, "{path}");
+            let limit = parameters(&doc, path)
+                .into_iter()
+                .find(|p| p["name"] == "limit")
+                .expect("no limit parameter");
+            assert_eq!(limit["schema"]["maximum"], MAX_DEAD_LETTER_PAGE, "{path}");
+            assert_eq!(limit["schema"]["minimum"], 1, "{path}");
+            assert_eq!(limit["schema"]["default"], default, "{path}");
+        }
+        let stream = parameters(&doc, SESSION_EVENTS_PATH)
+            .into_iter()
+            .find(|p| p["name"] == "stream")
+            .expect("no stream parameter");
+        let streams: Vec<&str> = stream["schema"]["enum"]
+            .as_array()
+            .expect("stream has no enum")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for name in &streams {
+            assert!(
+                wharf_projections::SessionStream::parse(name).is_some(),
+                "{name}"
+            );
+        }
+        assert_eq!(streams, ["filters", "lease"]);
+        assert_eq!(stream["schema"]["default"], "filters");
+    }
+
+    #[test]
+    fn the_declarations_document_that_until_follows_since() {
+        let doc = document();
+        let until = parameters(&doc, DECLARATIONS_PATH)
+            .into_iter()
+            .find(|p| p["name"] == "until")
+            .expect("no until parameter");
+        let text = until["description"].as_str().unwrap_or_default();
+        assert!(
+            text.contains("later than") && text.contains("`since`"),
+            "{text}"
+        );
+        let group = parameters(&doc, DECLARATIONS_PATH)
+            .into_iter()
+            .find(|p| p["name"] == "group")
+            .expect("no group parameter");
+        assert_eq!(group["schema"]["pattern"], "^[A-Za-z0-9._-]{1,255}$");
+    }
+
+    /// The name rules the document states accept exactly what the domain's parsers accept.
+    #[test]
+    fn the_documented_name_rules_are_the_parsers() {
+        use wharf_domain::{DeclarerId, GroupName, TopicName};
+        let doc = document();
+        let schema_of = |path: &str, name: &str| {
+            parameters(&doc, path)
+                .into_iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("{path} has no {name}"))["schema"]
+                .clone()
+        };
+        let accepts = |schema: &Value, text: &str| {
+            jsonschema::validator_for(schema)
+                .expect("the parameter schema compiles")
+                .is_valid(&Value::from(text))
+        };
+        let samples = [
+            String::new(),
+            "a".into(),
+            "billing.v2".into(),
+            "x-y_Z9".into(),
+            "a b".into(),
+            "a/b".into(),
+            "ü".into(),
+            " ".into(),
+            "a".repeat(255),
+            "a".repeat(256),
+        ];
+        let group = schema_of(GROUP_PATH, "group");
+        let topic = schema_of(GROUPS_PATH, "topic");
+        let declarer = schema_of(DECLARATIONS_PATH, "declarer");
+        for text in &samples {
+            let parsed = GroupName::parse("group", text).is_ok();
+            assert_eq!(accepts(&group, text), parsed, "group {text:?}");
+            let parsed = TopicName::parse("topic", text).is_ok();
+            assert_eq!(accepts(&topic, text), parsed, "topic {text:?}");
+            let parsed = DeclarerId::parse("declarer", text).is_ok();
+            assert_eq!(accepts(&declarer, text), parsed, "declarer {text:?}");
+        }
+    }
+
+    #[test]
+    fn the_metrics_media_type_is_the_one_served() {
+        let doc = document();
+        let content = doc["paths"][crate::handlers::METRICS_PATH]["get"]["responses"]["200"]
+            ["content"]
+            .as_object()
+            .expect("/metrics documents no content");
+        let media: Vec<&String> = content.keys().collect();
+        assert_eq!(media, [crate::metrics::CONTENT_TYPE]);
     }
 
     #[test]
@@ -170,7 +556,7 @@ mod tests {
             .keys()
             .map(String::as_str)
             .collect();
-        let node = &doc["components"]["schemas"][schema];
+        let node = &resolved(doc, &doc["components"]["schemas"][schema]);
         let required: BTreeSet<&str> = node["required"]
             .as_array()
             .unwrap_or_else(|| panic!("{schema} has no required list"))
@@ -185,6 +571,30 @@ mod tests {
             .collect();
         assert_eq!(required, fields, "{schema}.required");
         assert_eq!(listed, fields, "{schema}.properties");
+    }
+
+    /// `node` with `$ref`s followed and an `allOf` merged into one object schema.
+    fn resolved(doc: &Value, node: &Value) -> Value {
+        if let Some(reference) = node["$ref"].as_str() {
+            let target = doc
+                .pointer(reference.trim_start_matches('#'))
+                .unwrap_or_else(|| panic!("{reference} does not resolve"));
+            return resolved(doc, target);
+        }
+        let Some(parts) = node["allOf"].as_array() else {
+            return node.clone();
+        };
+        let mut properties = serde_json::Map::new();
+        let mut required = Vec::new();
+        for part in parts.iter().map(|p| resolved(doc, p)) {
+            if let Some(listed) = part["properties"].as_object() {
+                properties.extend(listed.clone());
+            }
+            if let Some(names) = part["required"].as_array() {
+                required.extend(names.iter().cloned());
+            }
+        }
+        serde_json::json!({ "type": "object", "properties": properties, "required": required })
     }
 
     #[test]
@@ -363,8 +773,11 @@ mod tests {
     #[test]
     fn the_error_schema_lists_every_code() {
         let doc = document();
-        let listed: BTreeSet<&str> = doc["components"]["schemas"]["Error"]["properties"]["error"]
-            ["properties"]["code"]["enum"]
+        let error = resolved(
+            &doc,
+            &doc["components"]["schemas"]["Error"]["properties"]["error"],
+        );
+        let listed: BTreeSet<&str> = error["properties"]["code"]["enum"]
             .as_array()
             .expect("Error.error.code has no enum")
             .iter()

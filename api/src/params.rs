@@ -259,6 +259,135 @@ fn limit(field: &str, raw: &str, max: u32) -> Result<u32, ApiError> {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// What the parsers above accept, as the OpenAPI document states it (ADR 0031). The structs are
+// never built: they carry each parameter's name, type, bounds and description into the
+// generated document, and the tests in `openapi.rs` hold their names and bounds to the
+// parsers' own lists and constants.
+// ---------------------------------------------------------------------------------------------
+
+/// The `{group}` path segment.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct GroupPathDoc {
+    /// The consumer group's name: 1 to 255 ASCII letters, digits, '.', '_' or '-'.
+    #[param(pattern = r"^[A-Za-z0-9._-]{1,255}$")]
+    group: String,
+}
+
+/// The `{session}` path segment.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+#[allow(dead_code)]
+pub(crate) struct SessionPathDoc {
+    /// A configured session name or a durable session identity (`ms-` and 32 hex digits).
+    session: String,
+}
+
+/// [`HISTORY_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct HistoryParamsDoc {
+    /// Only entries the ledger recorded at or after this time (RFC 3339, e.g.
+    /// `2024-05-01T12:00:00Z`; send '+' in an offset as %2B).
+    #[param(required = false)]
+    since: DateTime<Utc>,
+    /// Only entries the ledger recorded before this time (RFC 3339). Must be later than
+    /// `since` when both are given: otherwise 400 naming `until`.
+    #[param(required = false)]
+    until: DateTime<Utc>,
+    /// Only this declarer's entries (exact match): 1 to 255 bytes, not blank.
+    #[param(required = false, min_length = 1, max_length = 255, pattern = r"\S")]
+    declarer: String,
+    /// Only entries after this ledger position: the previous page's `next_after`.
+    #[param(required = false, minimum = 0, default = 0)]
+    after: i64,
+    /// At most this many entries (1 to 1000; default 100).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: u32,
+}
+
+/// [`DEAD_LETTER_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct DeadLetterParamsDoc {
+    /// Only dead letters after this topic position: the previous page's `next_after`.
+    #[param(required = false, minimum = 0, default = 0)]
+    after: i64,
+    /// At most this many dead letters (1 to 1000; default 100).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: u32,
+}
+
+/// [`SWAP_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct SwapParamsDoc {
+    /// How many swaps to list (1 to 1000; default 20).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 20)]
+    limit: u32,
+}
+
+/// [`SESSION_EVENT_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct SessionEventParamsDoc {
+    /// `filters` (the managed-filter ledger, the default) or `lease` (the HA lease).
+    #[param(required = false, schema_with = crate::openapi::stream_parameter)]
+    stream: String,
+    /// Only events after this ledger position (the previous page's `next_after`).
+    #[param(required = false, minimum = 0, default = 0)]
+    after: i64,
+    /// At most this many events (1 to 1000; default 100).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: u32,
+}
+
+/// [`GROUPS_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct GroupsParamsDoc {
+    /// Only groups after this cursor: the previous page's `next_after`, passed verbatim.
+    /// Cursors are opaque and hold no server state: one stays valid across restarts and on any
+    /// instance. Anything else is refused with 400 naming `after`.
+    #[param(required = false, min_length = 1)]
+    after: String,
+    /// At most this many groups (1 to 1000; default 100).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: u32,
+    /// Only groups consuming this topic.
+    #[param(required = false, pattern = r"^[A-Za-z0-9._-]{1,255}$")]
+    topic: String,
+    /// `true`: only groups with at least one open waiter; `false` (the default): every group.
+    /// Anything else is refused with 400 naming `waiting`.
+    #[param(required = false, default = false)]
+    waiting: bool,
+}
+
+/// [`GROUP_PARAMS`].
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub(crate) struct GroupParamsDoc {
+    /// At most this many waiters, and at most this many instances (1 to 1000; default 100).
+    #[param(required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: u32,
+    /// Only waiters after this cursor: a previous answer's `waiters_next_after`, passed
+    /// verbatim (opaque; anything else is refused with 400 naming `waiters_after`).
+    #[param(required = false, min_length = 1)]
+    waiters_after: String,
+    /// Only instances after this cursor: a previous answer's `instances_next_after`, passed
+    /// verbatim (opaque; anything else is refused with 400 naming `instances_after`).
+    #[param(required = false, min_length = 1)]
+    instances_after: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::state::{ApiState, HealthCheck};
 
 /// One running session, as its runtime reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct LiveSession {
     /// The configured name.
     pub name: String,
@@ -30,16 +30,20 @@ pub struct LiveSession {
     /// The identity for people (broker, client id, mode, clean start, expiry; no credentials).
     pub identity: String,
     /// `starting`, `connected`, `subscribed`, `full` or `migration_required`.
+    #[schema(value_type = String, schema_with = crate::openapi::session_level)]
     pub level: String,
     /// True only at `full`.
     pub ready: bool,
     /// Why it is below `full`.
+    #[schema(required = true)]
     pub reason: Option<String>,
     /// The newest connection's generation.
+    #[schema(required = true)]
     pub generation: Option<u64>,
     /// History filters not desired, awaiting removal.
     pub pending_stale: Vec<String>,
     /// Whether the newest reconcile converged, and what happened.
+    #[schema(required = true)]
     pub last_reconcile: Option<ReconcileReport>,
     /// Messages handled and acked to the broker after the handler succeeded.
     pub ingested: u64,
@@ -47,27 +51,31 @@ pub struct LiveSession {
     pub held: u64,
     /// Deliveries that matched no filter, acked and dropped after `mqtt.unmatched_grace`.
     pub dropped_unmatched: u64,
-    /// An exclusive session's HA lease as this process sees it.
+    /// An exclusive session's HA lease as this process sees it; null for other modes.
+    #[schema(required = true)]
     pub lease: Option<LiveLease>,
 }
 
 /// An exclusive session's lease as the runtime sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct LiveLease {
     /// True while this process holds it (and may act on the session).
     pub held: bool,
     /// The holder it last saw (itself when `held`).
+    #[schema(required = true)]
     pub holder: Option<String>,
     /// That holder's fencing token.
+    #[schema(required = true)]
     pub token: Option<u64>,
     /// When that ownership lapses unless renewed (store clock).
+    #[schema(required = true)]
     pub expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// How many times the runtime became or stopped being the holder.
     pub transitions: u64,
 }
 
 /// A reconcile attempt's outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct ReconcileReport {
     /// Every desired filter granted and the history equal to the desired set.
     pub converged: bool,
@@ -94,20 +102,23 @@ where
 pub type SharedSessionSource = Arc<dyn SessionSource>;
 
 /// One session in a listing: what runs here, what the ledger records, or both.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SessionDetail {
     /// The durable identity.
     pub session_id: String,
     /// The runtime's report, when this process runs the session.
+    #[schema(required = true)]
     pub live: Option<LiveSession>,
-    /// The exact history, when a baseline was seeded (absent: the history is unknown).
+    /// The exact managed-filter history; null while unknown (never seeded).
+    #[schema(required = true)]
     pub history: Option<ManagedSessionView>,
-    /// The HA lease as the store records it (exclusive sessions; absent: never acquired).
+    /// The HA lease as the store records it; null when never acquired (not exclusive).
+    #[schema(required = true)]
     pub lease: Option<LeaseRow>,
 }
 
 /// `GET /api/v1/sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SessionList {
     /// Every session, running ones first in configuration order, then recorded ones by id.
     pub sessions: Vec<SessionDetail>,
@@ -146,6 +157,19 @@ async fn details(state: &ApiState) -> Result<Vec<SessionDetail>, ApiError> {
     Ok(details)
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions",
+    operation_id = "listSessions",
+    tag = "sessions",
+    summary = "Managed MQTT sessions",
+    description = "Every MQTT session this process runs (its runtime's report: level, why it is below full, the newest reconcile outcome, ingest counters) and every session whose managed-filter history the ledger records (its exact filters). A session this process runs whose history is unknown (never seeded) has `history` null. Takes no query parameters.",
+    responses(
+        (status = 200, description = "The sessions.", body = SessionList),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = crate::error::ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = crate::error::ErrorBody)
+    )
+)]
 pub(crate) async fn list_sessions(
     State(state): State<ApiState>,
 ) -> Result<Json<SessionList>, ApiError> {
@@ -154,6 +178,21 @@ pub(crate) async fn list_sessions(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{session}",
+    operation_id = "oneSession",
+    tag = "sessions",
+    summary = "One managed MQTT session",
+    description = "One session, named by its configured name (for sessions this process runs) or its durable identity (`ms-` and 32 hex digits).",
+    params(crate::params::SessionPathDoc),
+    responses(
+        (status = 200, description = "The session.", body = SessionDetail),
+        (status = 404, description = "No session of that name or identity runs in this process or is recorded in the ledger.", body = crate::error::ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = crate::error::ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = crate::error::ErrorBody)
+    )
+)]
 pub(crate) async fn one_session(
     State(state): State<ApiState>,
     Path(session): Path<String>,
@@ -171,18 +210,36 @@ pub(crate) async fn one_session(
 }
 
 /// `GET /api/v1/sessions/{session}/events`: a page of one stream.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct SessionEventPage {
     /// The durable identity.
     pub session_id: String,
     /// `filters` or `lease`.
+    #[schema(value_type = String, schema_with = crate::openapi::session_stream)]
     pub stream: &'static str,
     /// The entries, oldest first.
     pub events: Vec<SessionHistoryEntry>,
     /// The `after` of the next page, when this one was full.
+    #[schema(required = true)]
     pub next_after: Option<i64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/v1/sessions/{session}/events",
+    operation_id = "sessionEvents",
+    tag = "sessions",
+    summary = "A page of one managed MQTT session's events",
+    description = "The audit of a session: its managed-filter ledger (`stream=filters`, the default) or its HA lease (`stream=lease`), oldest first, after the `after` position. Each event's metadata says who wrote it; an exclusive owner's writes name its lease claim. Any other query parameter, or one given twice, is refused with 400.",
+    params(crate::params::SessionPathDoc, crate::params::SessionEventParamsDoc),
+    responses(
+        (status = 200, description = "A page of events.", body = SessionEventPage),
+        (status = 400, description = "A path or query parameter is malformed or out of range; `error.field` names it and `error.message` quotes the value.", body = crate::error::ErrorBody),
+        (status = 404, description = "No session of that name or identity runs in this process or is recorded in the ledger.", body = crate::error::ErrorBody),
+        (status = 500, description = "The server failed; the message is generic and the details are in the server log.", body = crate::error::ErrorBody),
+        (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = crate::error::ErrorBody)
+    )
+)]
 pub(crate) async fn session_events(
     State(state): State<ApiState>,
     Path(session): Path<String>,

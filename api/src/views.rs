@@ -13,7 +13,8 @@ use wharf_queue::{DeadLetter, GroupQueueStats, Headers, SwapRecord, TopicStats};
 
 /// A group as the group endpoints answer it: its declaration view with a `queue` object beside
 /// the view's own fields.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = GroupView)]
 pub struct GroupDetail {
     /// The group's declaration view (its fields appear at the top level).
     #[serde(flatten)]
@@ -23,23 +24,23 @@ pub struct GroupDetail {
 }
 
 /// The body of `GET /api/v1/groups/{group}/swaps`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SwapList {
     /// Newest install first.
     pub swaps: Vec<SwapRecord>,
 }
 
-/// A group's queue figures: [`GroupQueueStats`] without its `group` and `topic`, which the
-/// enclosing group object already carries.
-///
-/// A group with no queue row reads as all zeros and no unacked message.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// The group's queue figures (its group and topic are those of the enclosing object). A declared
+/// group the queue has no row for reads as zeros with a null `oldest_unacked_seconds`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct GroupQueue {
     /// The topic position the group has routed up to.
     pub routed_position: i64,
-    /// Topic positions published but not yet routed for the group.
+    /// Topic positions published but not yet routed for the group (head - routed_position,
+    /// never negative).
     pub routed_lag: i64,
-    /// Routed messages claimable now.
+    /// Messages routed under the effective install and claimable now (including claims whose
+    /// visibility timeout ran out).
     pub claimable: i64,
     /// Messages claimed and neither acked nor expired.
     pub in_flight: i64,
@@ -47,13 +48,16 @@ pub struct GroupQueue {
     pub backing_off: i64,
     /// Messages in the group's dead letters.
     pub dead_letters: i64,
-    /// Seconds since the oldest routed but unacked message was published; `None` when there is
-    /// none.
+    /// Seconds since the oldest routed but unacked message was published, by the store's clock;
+    /// null when there is none.
+    #[schema(required = true)]
     pub oldest_unacked_seconds: Option<f64>,
     /// Unacked messages set aside by swaps: the effective set does not match them, so they are
-    /// not claimable while it is in effect (a rollback to a set that matches them restores them).
+    /// not claimable while it is in effect; an install whose set matches them again (a rollback)
+    /// restores them while the log holds them (ADR 0014).
     pub set_aside: i64,
-    /// Log positions the effective install still has to rescan after its swap.
+    /// Log positions the effective install still has to rescan after its swap, to deliver what
+    /// the log holds, the group never consumed, and the new set matches.
     pub rescan_remaining: i64,
 }
 
@@ -103,39 +107,44 @@ impl GroupDetail {
 }
 
 /// The body of `GET /api/v1/groups`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct GroupList {
     /// One page of the declared groups, by name.
     pub groups: Vec<GroupDetail>,
-    /// Pass as `after` for the next page; `None` when no group follows.
+    /// Pass as `after` for the next page; null when no group follows this page.
+    #[schema(required = true)]
     pub next_after: Option<String>,
 }
 
 /// The body of `GET /api/v1/topics`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TopicList {
     /// Every topic ever published to, by name.
     pub topics: Vec<TopicStats>,
 }
 
 /// One dead letter as listed, with its payload in standard base64.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = DeadLetter)]
 pub struct DeadLetterView {
     /// The topic.
     pub topic: String,
-    /// The message's position in the topic.
+    /// The message's position in its topic.
     pub position: i64,
     /// Its subject.
     pub subject: String,
-    /// Its body, base64 (standard alphabet, padded).
+    /// The payload, standard base64 with padding.
+    #[schema(content_encoding = "base64")]
     pub payload_base64: String,
     /// Its headers.
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     pub headers: Headers,
     /// When it was published.
     pub published_at: DateTime<Utc>,
     /// How many times it was claimed.
     pub attempts: i32,
-    /// The last handler error, if one was given.
+    /// The last handler error given with a nack; null when none was.
+    #[schema(required = true)]
     pub last_error: Option<String>,
     /// When it was dead-lettered.
     pub dead_at: DateTime<Utc>,
@@ -158,12 +167,13 @@ impl From<DeadLetter> for DeadLetterView {
 }
 
 /// The body of `GET /api/v1/groups/{group}/dead-letters`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DeadLetterPage {
     /// The page, by position.
     pub dead_letters: Vec<DeadLetterView>,
-    /// Pass as `after` for the next page; `None` when this page was not full. A full last page
-    /// still names a cursor, whose page then comes back empty.
+    /// Pass as `after` for the next page; null when this page was not full (no more dead
+    /// letters). A full last page still names a cursor, whose page then comes back empty.
+    #[schema(required = true)]
     pub next_after: Option<i64>,
 }
 

@@ -12,6 +12,8 @@ use wharf_api::{ApiState, ConfigWatchReport, DeepReport, DeepSession, LeaseRepor
 use wharf_projections::ReadModel;
 use wharf_store::{PgSettings, PgStore, SqliteStore, Store};
 
+mod support;
+
 async fn get(state: ApiState, path: &str) -> (u16, String, Value) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -28,7 +30,9 @@ async fn get(state: ApiState, path: &str) -> (u16, String, Value) {
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    let body = response.json().await.unwrap();
+    let text = response.text().await.unwrap();
+    support::contract::assert_conforms("GET", path, code, &content_type, &text);
+    let body = serde_json::from_str(&text).unwrap();
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
     (code, content_type, body)

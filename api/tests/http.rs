@@ -32,6 +32,8 @@ use wharf_store::{
     PgStore, SqliteStore, Store,
 };
 
+mod support;
+
 const TTL: Duration = Duration::from_secs(60);
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -83,6 +85,7 @@ impl App {
             .unwrap_or_default()
             .to_owned();
         let text = response.text().await.unwrap();
+        support::contract::assert_conforms("GET", path_and_query, status, &content_type, &text);
         let expected = if path_and_query == "/readyz" {
             "application/health+json"
         } else {
@@ -968,7 +971,15 @@ async fn probes_and_docs(store: Store) {
         allow.is_some_and(|a| a.contains("GET")),
         "405 without an Allow: GET header"
     );
-    let body: Value = response.json().await.unwrap();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = response.text().await.unwrap();
+    support::contract::assert_conforms("POST", "/api/v1/groups", 405, &content_type, &text);
+    let body: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(body["error"]["code"], "method_not_allowed");
 
     app.shut_down().await;

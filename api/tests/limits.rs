@@ -30,6 +30,8 @@ struct Server {
     _dir: tempfile::TempDir,
 }
 
+mod support;
+
 async fn read_model() -> (ReadModel, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("w.db"), wharf_projections::sqlite_inline())
@@ -219,6 +221,15 @@ async fn a_large_declared_body_on_a_get_is_refused_before_it_is_read() {
     stream.write_all(&[b'x'; 1024]).await.unwrap();
     let (head, body) = read_response(&mut stream).await;
     assert!(head.starts_with("HTTP/1.1 413"), "{head}");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_owned())
+        })
+        .unwrap_or_default();
+    support::contract::assert_conforms("GET", "/api/v1/groups", 413, &content_type, &body);
     let body: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["error"]["code"], "payload_too_large", "{body}");
     assert!(
@@ -263,9 +274,13 @@ async fn requests_are_bounded_in_time_and_in_number() {
         let url = format!("http://{}/readyz", server.address);
         tokio::spawn(async move {
             let response = client.get(url).send().await.unwrap();
+            let status = response.status().as_u16();
+            let content_type = content_type(&response);
+            let text = response.text().await.unwrap();
+            support::contract::assert_conforms("GET", "/readyz", status, &content_type, &text);
             (
-                response.status().as_u16(),
-                response.json::<Value>().await.unwrap(),
+                status,
+                serde_json::from_str::<Value>(&text).unwrap(),
                 sent.elapsed(),
             )
         })
@@ -280,7 +295,7 @@ async fn requests_are_bounded_in_time_and_in_number() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
+    healthz_conforms(response).await;
     assert!(
         sent.elapsed() >= request_timeout,
         "answered after {:?}, while the only permit was held",
@@ -301,6 +316,24 @@ async fn requests_are_bounded_in_time_and_in_number() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
+    healthz_conforms(response).await;
     server.shut_down().await;
+}
+
+fn content_type(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A `/healthz` answer: 200, held to the document.
+async fn healthz_conforms(response: reqwest::Response) {
+    let status = response.status().as_u16();
+    assert_eq!(status, 200);
+    let content_type = content_type(&response);
+    let text = response.text().await.unwrap();
+    support::contract::assert_conforms("GET", "/healthz", status, &content_type, &text);
 }

@@ -75,14 +75,19 @@ impl HistoryQuery {
 
 /// One declaration attempt in the ledger.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryEntry {
     /// Global ledger position.
     pub position: i64,
-    /// Sequence within the group.
+    /// Sequence within the group, from 1.
     pub sequence: i64,
     /// When the ledger recorded it (store clock).
     pub recorded_at: DateTime<Utc>,
     /// `installed` (a set change) or `waiting` (blocked on a live incumbent).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, schema_with = crate::openapi::history_status)
+    )]
     pub status: &'static str,
     /// Who attempted.
     pub declarer: String,
@@ -94,22 +99,26 @@ pub struct HistoryEntry {
     pub declared_at: DateTime<Utc>,
     /// When this attempt ran.
     pub attempt_at: DateTime<Utc>,
-    /// For an install: the set it replaced.
+    /// For an install: the set it replaced (null on the first install and for waits).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub previous: Option<Vec<String>>,
-    /// For a wait: the set it waited on.
+    /// For a wait: the set it waited on (null for installs).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub incumbent: Option<Vec<String>>,
-    /// For a wait: the live instances that still declared the incumbent.
+    /// For a wait: the live instances that still declared the incumbent set.
     pub live_declarers: Vec<String>,
 }
 
 /// A page of history.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HistoryPage {
     /// The entries, in ledger order.
     pub entries: Vec<HistoryEntry>,
     /// Pass as `after` for the next page. `null` when this page was not full; a full last
     /// page still names a cursor, whose page then comes back empty (cursor paging never
     /// counts ahead).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub next_after: Option<i64>,
 }
 

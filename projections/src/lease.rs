@@ -209,16 +209,21 @@ impl PgProjector for SessionLeases {
 
 /// One session's lease row.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LeaseRow {
     /// The durable session identity.
     pub session_id: String,
-    /// The owner, when someone holds it (an expired owner stays until its expiry is observed).
+    /// The owner; null when free (released, or its expiry observed: an expired owner stays
+    /// until then).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub holder: Option<String>,
     /// The owner's token, or the last token issued when free.
     pub token: u64,
     /// The owner's TTL in milliseconds.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub ttl_ms: Option<u64>,
     /// The owner's expiry, by the store's clock.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub expires_at: Option<DateTime<Utc>>,
     /// The lease stream's newest sequence: the row is its fold up to here.
     pub last_sequence: i64,

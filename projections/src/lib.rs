@@ -19,6 +19,8 @@ pub mod error;
 mod fused;
 pub mod lease;
 pub mod listing;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod prune;
 pub mod replay;
 pub mod rows;

@@ -6,16 +6,25 @@ use wharf_store::{PgStore, SqliteStore, Store, StoreError};
 
 /// One filter that may exist at the broker for a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = ManagedFilter))]
 pub struct ManagedFilterView {
-    /// The exact filter string.
+    /// The exact filter, shared forms included.
     pub filter: String,
     /// `seeded`, `remembered` (SUBSCRIBE sent or about to be), `granted` or `refused`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = String, schema_with = crate::openapi::filter_state)
+    )]
     pub state: String,
     /// The QoS last requested (none for a seeded filter never subscribed by Wharf).
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 0, maximum = 2))]
     pub requested_qos: Option<i16>,
     /// The QoS the broker granted, for `granted`.
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 0, maximum = 2))]
     pub granted_qos: Option<i16>,
     /// The SUBACK reason code, for `refused`.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub reason_code: Option<i16>,
     /// The ledger position that first put it in the history.
     pub since_position: i64,
@@ -25,12 +34,15 @@ pub struct ManagedFilterView {
 
 /// A session whose history is known (its baseline was seeded).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = ManagedSession))]
 pub struct ManagedSessionView {
     /// The durable session identity (`ms-...`).
     pub session_id: String,
     /// Who seeded the baseline (`cli`, `init`, `builder`, ...).
     pub baseline_source: String,
     /// Why the session requires a managed-filter migration, when it does (terminal).
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub migration_required: Option<String>,
     /// The ledger position of its newest event.
     pub last_position: i64,
@@ -146,6 +158,8 @@ async fn pg_rows(
 
 /// One event of a session's managed-filter ledger, as audit shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = SessionEvent))]
 pub struct SessionHistoryEntry {
     /// Global ledger position.
     pub position: i64,
@@ -157,9 +171,11 @@ pub struct SessionHistoryEntry {
     pub event: String,
     /// The event's fields (filters, QoS, SUBACK outcome, UNSUBACK reason, seed source, lease
     /// holder, token and expiry...).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub detail: serde_json::Value,
     /// Who wrote it: the Wharf version and, for an exclusive owner's writes, its lease claim
     /// (`lease_holder`, `lease_token`).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metadata: serde_json::Value,
 }
 

@@ -12,27 +12,33 @@ use wharf_store::InstanceRecord;
 
 /// One consumer group as listed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = GroupDeclaration))]
 pub struct GroupView {
     /// The group's name.
     pub group: String,
-    /// The topic it consumes.
+    /// The log topic the group consumes.
     pub topic: String,
     /// The effective declaration (newest installed).
     pub effective: EffectiveView,
-    /// Attempts blocked on a live incumbent's different set, by when they first stated their
-    /// set (then declarer): one page.
+    /// Open waits (attempts blocked on live instances that declare the effective set), by when
+    /// each first stated its set, then declarer: one page.
     pub waiters: Vec<WaiterView>,
-    /// The cursor of the waiters after this page (`waiters_after`); `None` when none follow.
+    /// Pass as `waiters_after` to `GET /api/v1/groups/{group}` for the next page of waiters;
+    /// null when none follows.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub waiters_next_after: Option<String>,
-    /// Recorded instances, live or not, by declarer: one page.
+    /// Recorded worker instances, live or not, by declarer: one page.
     pub instances: Vec<InstanceView>,
-    /// The cursor of the instances after this page (`instances_after`); `None` when none
-    /// follow.
+    /// Pass as `instances_after` to `GET /api/v1/groups/{group}` for the next page of
+    /// instances; null when none follows.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub instances_next_after: Option<String>,
 }
 
-/// A group's effective declaration.
+/// The group's effective (newest installed) declaration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EffectiveView {
     /// The effective set; empty means the whole topic.
     pub patterns: Vec<String>,
@@ -50,12 +56,14 @@ pub struct EffectiveView {
     pub position: i64,
     /// How many set changes the group has had.
     pub installs: i64,
-    /// The set it replaced (absent on the first install).
+    /// The set this one replaced; null on the first install.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
     pub previous: Option<Vec<String>>,
 }
 
 /// An open wait.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WaiterView {
     /// Who waits.
     pub declarer: String,
@@ -69,7 +77,7 @@ pub struct WaiterView {
     pub declared_at: DateTime<Utc>,
     /// Its newest attempt: its liveness as a waiter.
     pub last_attempt_at: DateTime<Utc>,
-    /// How long it has been waiting, in seconds, by the store's clock.
+    /// Seconds since the waiter first stated its set, by the store's clock.
     pub waiting_seconds: f64,
     /// Seconds since its newest attempt: a large value means a dead waiter.
     pub silent_seconds: f64,
@@ -77,6 +85,7 @@ pub struct WaiterView {
 
 /// A worker instance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct InstanceView {
     /// The instance's declarer identity.
     pub declarer: String,
@@ -88,7 +97,7 @@ pub struct InstanceView {
     pub started_at: DateTime<Utc>,
     /// Its newest heartbeat.
     pub heartbeat_at: DateTime<Utc>,
-    /// True when the heartbeat is fresher than the TTL.
+    /// True when the newest heartbeat is fresher than the instance TTL.
     pub live: bool,
 }
 

@@ -283,12 +283,13 @@ pub struct DeadLetter {
 
 /// A topic's log, as listed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TopicStats {
     /// The topic.
     pub topic: String,
     /// The last position assigned (0 when nothing was ever published).
     pub head: i64,
-    /// Messages retained in the log.
+    /// Messages the log still retains.
     pub size: i64,
 }
 
@@ -339,22 +340,26 @@ impl SwapReport {
 /// One install as the group's routing applied it (ADR 0014): the listing's and the audit's
 /// record of what each swap did to the messages routed before it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Swap))]
 pub struct SwapRecord {
-    /// The install (its ledger position).
+    /// The install: the ledger position of its Installed event.
     pub install: i64,
-    /// Its set's patterns (empty = the whole topic).
+    /// Its binding set (empty = the whole topic).
     pub patterns: Vec<String>,
     /// When the router applied it (store clock).
     pub applied_at: DateTime<Utc>,
-    /// Unacked deliveries of earlier installs it matched: kept claimable.
+    /// Unacked deliveries of earlier installs that it matched: kept claimable.
     pub kept: i64,
-    /// Unacked deliveries of earlier installs it did not match: set aside.
+    /// Unacked deliveries of earlier installs that it did not match: set aside, not claimable
+    /// while it is in effect.
     pub set_aside: i64,
     /// Deliveries set aside by earlier swaps that it matched again.
     pub restored: i64,
-    /// The log range it rescanned (inclusive; empty when `rescan_from > rescan_until`).
+    /// First log position it rescanned.
     pub rescan_from: i64,
-    /// The end of that range: where the previous install had routed to.
+    /// Last log position it rescanned (where the previous install had routed to); the range is
+    /// empty when rescan_from is greater.
     pub rescan_until: i64,
 }
 

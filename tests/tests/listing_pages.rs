@@ -19,6 +19,11 @@ use wharf::{Consumer, ConsumerState, Registration, Wharf};
 use wharf_api::ApiState;
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// The API served on a loopback port until dropped.
@@ -52,7 +57,10 @@ impl Server {
             .await
             .unwrap();
         let status = response.status().as_u16();
-        (status, response.json().await.unwrap())
+        let content_type = content_type(&response);
+        let text = response.text().await.unwrap();
+        contract::assert_conforms("GET", path, status, &content_type, &text);
+        (status, serde_json::from_str(&text).unwrap())
     }
 
     async fn ok(&self, path: &str) -> Value {
@@ -339,3 +347,12 @@ on_both_backends!(
     bad_cursors_limits_and_filters_are_400_naming_the_field,
     bad_cursors_limits_and_filters_are_400_naming_the_field
 );
+
+fn content_type(response: &reqwest::Response) -> String {
+    response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -22,6 +22,11 @@ use wharf_tests::fixtures::group;
 use wharf_tests::prometheus_text::{self, Scrape};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// The API on an ephemeral loopback port.
@@ -66,6 +71,7 @@ impl App {
             "content-type {content_type:?}"
         );
         let text = response.text().await.unwrap();
+        contract::assert_conforms("GET", "/metrics", 200, &content_type, &text);
         let scrape = prometheus_text::parse(&text)
             .unwrap_or_else(|e| panic!("not the text format 0.0.4: {e}\n{text}"));
         check_conventions(&scrape);
@@ -79,7 +85,16 @@ impl App {
             .send()
             .await
             .unwrap();
-        response.status().as_u16()
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let text = response.text().await.unwrap();
+        contract::assert_conforms("GET", path, status, &content_type, &text);
+        status
     }
 
     async fn shut_down(self) {

@@ -6,6 +6,11 @@
 //! direct one makes one per request. Swaps are counted by the supervisor's generation and
 //! metrics, never by time.
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -434,7 +439,16 @@ async fn deep_health_reports_the_consumers_of_this_process() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let body: serde_json::Value = response.json().await.unwrap();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = response.text().await.unwrap();
+    let deep = "/api/v1/monitor/deephealth";
+    contract::assert_conforms("GET", deep, 200, &content_type, &text);
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(body["status"], "pass", "{body}");
     let listed = &body["consumers"][0];
     assert_eq!(listed["group"], "billing", "{body}");

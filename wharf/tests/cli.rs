@@ -12,6 +12,11 @@
 
 #![allow(clippy::unwrap_used)]
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -1399,10 +1404,16 @@ async fn get(client: &reqwest::Client, address: SocketAddr, path: &str) -> (u16,
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     let status = response.status().as_u16();
-    let body = response
-        .json()
-        .await
-        .unwrap_or_else(|e| panic!("GET {path}: body is not JSON: {e}"));
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = response.text().await.unwrap();
+    contract::assert_conforms("GET", path, status, &content_type, &text);
+    let body =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {path}: body is not JSON: {e}"));
     (status, body)
 }
 

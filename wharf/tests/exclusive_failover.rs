@@ -10,6 +10,11 @@
 
 mod support;
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -40,10 +45,21 @@ fn config_toml(broker: &Broker, client_id: &str, filters: &[String], lease: [&st
 }
 
 async fn ready(address: SocketAddr) -> bool {
-    match reqwest::get(format!("http://{address}/readyz")).await {
-        Ok(response) => response.status().as_u16() == 200,
-        Err(_) => false,
-    }
+    let Ok(response) = reqwest::get(format!("http://{address}/readyz")).await else {
+        return false;
+    };
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let Ok(text) = response.text().await else {
+        return false;
+    };
+    contract::assert_conforms("GET", "/readyz", status, &content_type, &text);
+    status == 200
 }
 
 /// The session's live level as `GET /api/v1/sessions` reports it.
@@ -51,7 +67,18 @@ async fn level(address: SocketAddr) -> String {
     let Ok(response) = reqwest::get(format!("http://{address}/api/v1/sessions")).await else {
         return String::new();
     };
-    let body: Value = response.json().await.unwrap_or_default();
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let Ok(text) = response.text().await else {
+        return String::new();
+    };
+    contract::assert_conforms("GET", "/api/v1/sessions", status, &content_type, &text);
+    let body: Value = serde_json::from_str(&text).unwrap_or_default();
     body["sessions"][0]["live"]["level"]
         .as_str()
         .unwrap_or_default()

@@ -11,6 +11,11 @@
 
 mod support;
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,7 +93,15 @@ async fn get(address: SocketAddr, path: &str) -> (u16, Value) {
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"));
     let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let text = response.text().await.unwrap();
+    contract::assert_conforms("GET", path, status, &content_type, &text);
+    (status, serde_json::from_str(&text).unwrap())
 }
 
 /// Polls `path` until `condition` holds on its (status, body); returns that body.

@@ -7,6 +7,11 @@
 
 mod support;
 
+/// Every response these tests receive is held to the generated OpenAPI document (ADR 0033).
+#[path = "../../api/tests/support/contract.rs"]
+#[allow(dead_code)]
+mod contract;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -47,7 +52,9 @@ async fn get_text(address: SocketAddr, path: &str) -> (u16, String, String) {
         .get("content-type")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    (status, content_type, response.text().await.unwrap())
+    let text = response.text().await.unwrap();
+    contract::assert_conforms("GET", path, status, &content_type, &text);
+    (status, content_type, text)
 }
 
 /// Polls deep health until `condition` holds on (status, body); returns the body.
