@@ -117,7 +117,10 @@ fn handled(out: &Path) -> Vec<(i64, String, i64)> {
     let Ok(text) = std::fs::read_to_string(out) else {
         return Vec::new();
     };
-    text.lines()
+    // The worker may be writing a line as it is read: only complete lines count.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
         .map(|line| {
             let mut fields = line.split(' ');
             let position = fields.next().unwrap().parse().unwrap();
