@@ -18,6 +18,7 @@ pub(super) fn env_overrides(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<toml::Table, WharfError> {
     let mut table = toml::Table::new();
+    let defaults = defaults();
     for (name, value) in env {
         let Some(rest) = name.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -34,20 +35,26 @@ pub(super) fn env_overrides(
             )));
         };
         let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-        insert_typed(&mut table, &section, &key, &value)
+        insert_typed(&mut table, &defaults, &section, &key, &value)
             .map_err(|e| WharfError::Config(format!("{name}: {e}")))?;
     }
     Ok(table)
 }
 
-/// Sets `section.key` in `table` to `value` read as the type of the key's default.
+/// The defaults as a table, to read each override as its key's type.
+pub(super) fn defaults() -> toml::Table {
+    toml::Table::try_from(Config::default()).unwrap_or_default()
+}
+
+/// Sets `section.key` in `table` to `value` read as the type of the key's default in
+/// `defaults`.
 pub(super) fn insert_typed(
     table: &mut toml::Table,
+    defaults: &toml::Table,
     section: &str,
     key: &str,
     value: &str,
 ) -> Result<(), String> {
-    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
     let default = defaults
         .get(section)
         .and_then(|s| s.as_table())

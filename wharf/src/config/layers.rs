@@ -34,13 +34,14 @@ impl Layer {
     /// values (by the type of the key's default).
     pub(super) fn of_keys(name: &str, keys: &[(&str, String)]) -> Result<Self, WharfError> {
         let mut table = toml::Table::new();
+        let defaults = super::env::defaults();
         for (key, value) in keys {
             let Some((section, field)) = key.split_once('.') else {
                 return Err(WharfError::Config(format!(
                     "{name}: \"{key}\" is not a SECTION.KEY configuration key"
                 )));
             };
-            super::env::insert_typed(&mut table, section, field, value)
+            super::env::insert_typed(&mut table, &defaults, section, field, value)
                 .map_err(|e| WharfError::Config(format!("{name}: {e}")))?;
         }
         Ok(Self::new(name, table))
