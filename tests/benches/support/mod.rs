@@ -233,34 +233,14 @@ pub async fn plain_ack(store: &Store, id: i64) -> bool {
 
 /// Fills `plain_queue` with `n` rows, then two tasks claim 10 and ack each until all are acked.
 pub async fn plain_claim_and_ack(store: &Store, n: usize) -> ClaimRun {
-    plain_fill(store, n).await;
-    let acked = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..CONSUMERS)
-        .map(|_| {
-            let (store, acked) = (store.clone(), acked.clone());
-            tokio::spawn(async move {
-                let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
-                while acked.load(Ordering::SeqCst) < n {
-                    assert!(start.elapsed() < DEADLINE, "plain claim loop hung");
-                    let claimed = plain_claim(&store).await;
-                    calls += 1;
-                    if claimed.is_empty() {
-                        empty += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
-                    }
-                    for &id in &claimed {
-                        assert!(plain_ack(&store, id).await, "plain row {id} acked once");
-                    }
-                    ids.extend_from_slice(&claimed);
-                    acked.fetch_add(claimed.len(), Ordering::SeqCst);
-                }
-                (ids, calls, empty)
-            })
-        })
-        .collect();
-    join_claim_tasks(tasks, start, n).await
+    plain_drain(store, n, |store| async move {
+        let claimed = plain_claim(&store).await;
+        for &id in &claimed {
+            assert!(plain_ack(&store, id).await, "plain row {id} acked once");
+        }
+        claimed
+    })
+    .await
 }
 
 /// Claims and deletes up to 10 rows of `plain_queue` in one statement (the strongest plain
@@ -303,25 +283,40 @@ pub async fn plain_claim_delete(store: &Store) -> Vec<i64> {
 /// Fills `plain_queue` with `n` rows, then two tasks claim-and-delete 10 at a time in one
 /// statement until all are gone: the strongest plain baseline (issue 8).
 pub async fn plain_claim_delete_all(store: &Store, n: usize) -> ClaimRun {
+    plain_drain(
+        store,
+        n,
+        |store| async move { plain_claim_delete(&store).await },
+    )
+    .await
+}
+
+/// Fills `plain_queue` with `n` rows, then [`CONSUMERS`] tasks call `settle` (which claims a
+/// batch, settles it and returns its ids) until all `n` are settled.
+async fn plain_drain<F, Fut>(store: &Store, n: usize, settle: F) -> ClaimRun
+where
+    F: Fn(Store) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Vec<i64>> + Send,
+{
     plain_fill(store, n).await;
     let done = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..CONSUMERS)
         .map(|_| {
-            let (store, done) = (store.clone(), done.clone());
+            let (store, done, settle) = (store.clone(), done.clone(), settle.clone());
             tokio::spawn(async move {
                 let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
                 while done.load(Ordering::SeqCst) < n {
-                    assert!(start.elapsed() < DEADLINE, "plain claim-delete loop hung");
-                    let claimed = plain_claim_delete(&store).await;
+                    assert!(start.elapsed() < DEADLINE, "plain queue loop hung");
+                    let settled = settle(store.clone()).await;
                     calls += 1;
-                    if claimed.is_empty() {
+                    if settled.is_empty() {
                         empty += 1;
                         tokio::time::sleep(Duration::from_millis(1)).await;
                         continue;
                     }
-                    ids.extend_from_slice(&claimed);
-                    done.fetch_add(claimed.len(), Ordering::SeqCst);
+                    ids.extend_from_slice(&settled);
+                    done.fetch_add(settled.len(), Ordering::SeqCst);
                 }
                 (ids, calls, empty)
             })
