@@ -107,7 +107,7 @@ fn live_session(status: &SessionStatus) -> wharf_api::LiveSession {
         level: status.level.as_str().to_owned(),
         // An exclusive session standing by while another process holds its lease is this
         // process doing its part: not ready would stall every rolling deploy of a pair.
-        ready: status.level.is_ready() || wharf::supervisor::standby(status),
+        ready: status.level.is_ready() || status.stands_by(),
         reason: status.reason.clone(),
         generation: status.generation,
         pending_stale: status.pending_stale.clone(),

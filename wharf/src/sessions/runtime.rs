@@ -88,6 +88,16 @@ pub struct SessionStatus {
     pub lease: Option<LeaseView>,
 }
 
+impl SessionStatus {
+    /// An exclusive session standing by: another process holds its lease (this process has
+    /// nothing to converge and is doing its part).
+    pub fn stands_by(&self) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|l| !l.held && l.holder.is_some())
+    }
+}
+
 /// An exclusive session's HA lease as this process sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseView {

@@ -39,15 +39,7 @@ pub fn activation_budget(config: &Config) -> Duration {
 /// session standing by while another process holds its lease (this process has nothing to
 /// converge; the holder's own watch reports on it).
 pub fn converged(status: &SessionStatus) -> bool {
-    matches!(status.level, SessionLevel::Subscribed | SessionLevel::Full) || standby(status)
-}
-
-/// An exclusive session whose lease another process holds.
-pub fn standby(status: &SessionStatus) -> bool {
-    status
-        .lease
-        .as_ref()
-        .is_some_and(|l| !l.held && l.holder.is_some())
+    matches!(status.level, SessionLevel::Subscribed | SessionLevel::Full) || status.stands_by()
 }
 
 /// What keeps a generation from converging, for the degraded reason (None when converged).

@@ -31,7 +31,7 @@ mod converge;
 pub mod guard;
 mod poll;
 
-pub use converge::{activation_budget, behind, converged, standby};
+pub use converge::{activation_budget, behind, converged};
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
