@@ -13,7 +13,18 @@
 //!    group's heartbeat);
 //! 6. commit. A decision error rolls everything back and is returned as the inner `Err`.
 //!
-//! Concurrent attempts on one aggregate serialize on its lock. What is aggregate-specific (which
+//! Concurrent attempts on one aggregate serialize on its lock.
+//!
+//! The optimistic form (`execute_optimistic`, ADR 0037) gives the same outcome in fewer round
+//! trips on Postgres: the snapshot is read without the lock (one autocommit statement that also
+//! reads the lock row's version), the decision runs, and the write is one autocommit statement
+//! whose first CTE bumps the version and raises unless it is the one the read saw, so nothing
+//! lands when any other attempt committed in between: the caller gets
+//! [`StoreError::Conflict`] and runs the attempt again, locked. What every attempt writes bumps
+//! the version, so a decision is never applied over a snapshot another attempt has moved.
+//! SQLite has one writer and no round trips: there the optimistic form is the locked one.
+//!
+//! What is aggregate-specific (which
 //! row is the lock, what to observe, the guard, the extra write) is a [`LockedAggregate`]; the
 //! executor itself exists once per backend (`sqlite/executor.rs`, `postgres/executor.rs`).
 //!
@@ -98,6 +109,10 @@ pub struct PgLock {
     pub written: String,
     /// The version the statement's snapshot saw: a subquery, NULL when the row was new.
     pub seen: String,
+    /// For the optimistic write ([`LockedAggregate::optimistic`]): an `UPDATE` of the existing
+    /// row that bumps its version and returns the new one as `version`. `None`: the aggregate
+    /// is always run locked.
+    pub bump: Option<String>,
 }
 
 impl PgLock {
@@ -112,6 +127,11 @@ impl PgLock {
             seen: "(SELECT l.version FROM aggregate_lock l \
                    WHERE l.aggregate_type = $2 AND l.aggregate_id = $1)"
                 .to_owned(),
+            bump: Some(
+                "UPDATE aggregate_lock SET version = version + 1 \
+                 WHERE aggregate_type = $2 AND aggregate_id = $1 RETURNING version"
+                    .to_owned(),
+            ),
         }
     }
 }
@@ -145,6 +165,18 @@ pub trait LockedAggregate: Send + Sync + 'static {
     /// Postgres: a boolean expression that must be true for the write to land, read in the
     /// lock statement (no round trip of its own), and why it refused when false.
     fn pg_guard(&self, _args: &mut CteStatement) -> Result<Option<PgGuard>, StoreError> {
+        Ok(None)
+    }
+    /// Postgres: the decision's extra state as the body of one data-modifying CTE that reads
+    /// its rows `FROM source` (a one-row relation that exists only once the version check
+    /// passed), so the optimistic write stays one statement. `None` (the default): written by
+    /// [`LockedAggregate::pg_write_extra`] inside a transaction instead.
+    fn pg_extra_cte(
+        &self,
+        _args: &mut CteStatement,
+        _extra: &Self::Extra,
+        _source: &str,
+    ) -> Result<Option<String>, StoreError> {
         Ok(None)
     }
     /// Postgres: writes the decision's extra state inside the transaction.

@@ -81,6 +81,11 @@ impl LockedAggregate for GroupLock {
             ),
             written: "consumer_group.version".to_owned(),
             seen: "(SELECT g.version FROM consumer_group g WHERE g.group_name = $1)".to_owned(),
+            bump: Some(
+                "UPDATE consumer_group SET version = version + 1 WHERE group_name = $1 \
+                 RETURNING version"
+                    .to_owned(),
+            ),
         })
     }
 
@@ -94,24 +99,36 @@ impl LockedAggregate for GroupLock {
         ))
     }
 
+    fn pg_extra_cte(
+        &self,
+        args: &mut CteStatement,
+        heartbeat: &Heartbeat,
+        source: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let values = [
+            "$1".to_owned(),
+            args.bind(heartbeat.declarer.clone())?,
+            args.bind(self.topic.clone())?,
+            args.bind(heartbeat.version.clone())?,
+            args.bind(heartbeat.patterns.clone())?,
+        ];
+        Ok(Some(upsert_heartbeat(&values, source)))
+    }
+
     async fn pg_write_extra(
         &self,
         conn: &mut PgConnection,
         heartbeat: &Heartbeat,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
-             SELECT $1, $2, $3, $4, $5, c.t, c.t FROM (SELECT clock_timestamp() AS t) c \
-             ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
-             version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
-        )
-        .bind(&self.group)
-        .bind(&heartbeat.declarer)
-        .bind(&self.topic)
-        .bind(&heartbeat.version)
-        .bind(&heartbeat.patterns)
-        .execute(conn)
-        .await?;
+        let values = ["$1", "$2", "$3", "$4", "$5"].map(str::to_owned);
+        sqlx::query(&upsert_heartbeat(&values, "(SELECT 1) AS one"))
+            .bind(&self.group)
+            .bind(&heartbeat.declarer)
+            .bind(&self.topic)
+            .bind(&heartbeat.version)
+            .bind(&heartbeat.patterns)
+            .execute(conn)
+            .await?;
         Ok(())
     }
 
@@ -171,4 +188,17 @@ impl LockedAggregate for GroupLock {
         ])?;
         Ok(())
     }
+}
+
+/// The heartbeat upsert of a group's instance: `values` are the SQL of group, declarer, topic,
+/// version and patterns; one row per row of `source`, stamped with the store's clock.
+fn upsert_heartbeat(values: &[String; 5], source: &str) -> String {
+    let [group, declarer, topic, version, patterns] = values;
+    format!(
+        "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
+         SELECT {group}, {declarer}, {topic}, {version}, {patterns}, c.t, c.t \
+         FROM {source} CROSS JOIN (SELECT clock_timestamp() AS t) c \
+         ON CONFLICT (group_name, declarer) DO UPDATE SET topic = excluded.topic, \
+         version = excluded.version, patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at"
+    )
 }

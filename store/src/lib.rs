@@ -198,6 +198,28 @@ impl Store {
         dispatch!(self, s => s.execute(target, decide).await)
     }
 
+    /// Runs one attempt on any aggregate in the optimistic form (see [`executor`]): on
+    /// Postgres an unlocked read and a version-checked write, two round trips where the locked
+    /// form takes four. [`StoreError::Conflict`] means another attempt committed in between
+    /// and nothing was written: run it again with [`Store::execute`]. On SQLite the same as
+    /// [`Store::execute`].
+    pub async fn execute_optimistic<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+    ) -> Result<Result<T, E>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+    {
+        match self {
+            Store::Sqlite(s) => s.execute(target, decide).await,
+            Store::Postgres(s) => s.execute_optimistic(target, decide).await,
+        }
+    }
+
     /// Runs one locked declaration attempt (see [`group`]).
     pub async fn execute_group<T, E, F>(
         &self,

@@ -50,6 +50,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(8, "postgres", "0008_listing_indexes.sql"),
     migration!(9, "postgres", "0009_session_lease.sql"),
     migration!(10, "postgres", "0010_managed_filter_fillfactor.sql"),
+    migration!(11, "postgres", "0011_expect_version.sql"),
 ];
 
 /// The schema version this build needs.

@@ -80,6 +80,10 @@ impl LockedAggregate for SessionLock {
                 "(SELECT l.version FROM aggregate_lock l \
                  WHERE l.aggregate_type = {lock_type} AND l.aggregate_id = $1)"
             ),
+            bump: Some(format!(
+                "UPDATE aggregate_lock SET version = version + 1 \
+                 WHERE aggregate_type = {lock_type} AND aggregate_id = $1 RETURNING version"
+            )),
         })
     }
 

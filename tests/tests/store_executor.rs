@@ -2,7 +2,9 @@
 //! with no row of its own is locked through `aggregate_lock`, so concurrent attempts serialize
 //! (every one appends after the other, none conflicts); what it observes is read in the locked
 //! transaction; a guard that does not hold refuses the write with a typed error and leaves
-//! nothing behind; a decision error rolls back.
+//! nothing behind; a decision error rolls back. The optimistic form lands every attempt exactly
+//! once under contention (a conflict, retried locked), and a write whose read the version moved
+//! past writes nothing.
 
 use std::convert::Infallible;
 
@@ -208,3 +210,172 @@ async fn a_decision_error_rolls_back(backend: Backend) {
 }
 
 on_both_backends!(a_decision_error_rolls_back, a_decision_error_rolls_back);
+
+/// One attempt in the optimistic form that appends `events` events after whatever the stream
+/// holds; a conflict is returned as it is.
+async fn count_optimistic(store: &Store, id: &str, events: i64) -> Result<i64, StoreError> {
+    store
+        .execute_optimistic(Fenced::new(id, None), move |snapshot| {
+            let first = snapshot.last_sequence() + 1;
+            let written = (first..first + events).map(event).collect();
+            Ok::<_, Infallible>((Write::events(written), first + events - 1))
+        })
+        .await
+        .map(|decided| decided.expect("the decision never fails"))
+}
+
+/// Optimistic first, locked after a conflict: what a caller of the optimistic form does.
+async fn count_with_retry(store: &Store, id: &str) -> i64 {
+    match count_optimistic(store, id, 1).await {
+        Ok(sequence) => sequence,
+        Err(StoreError::Conflict { .. }) => count_once(store, id, None).await.expect("locked").0,
+        Err(e) => panic!("the optimistic attempt failed: {e}"),
+    }
+}
+
+async fn optimistic_attempts_under_contention_all_land_in_order(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 1).await;
+    // The first attempt creates the lock row (an aggregate without one always runs locked).
+    assert_eq!(
+        count_optimistic(&ts.store, "s1", 1).await.expect("first"),
+        1
+    );
+    let tasks = (0..6).map(|_| {
+        let store = ts.store.clone();
+        tokio::spawn(async move {
+            let mut written = Vec::new();
+            for _ in 0..10 {
+                written.push(count_with_retry(&store, "s1").await);
+            }
+            written
+        })
+    });
+    let mut sequences: Vec<i64> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .flat_map(|task| task.expect("task"))
+        .collect();
+    sequences.sort_unstable();
+    assert_eq!(
+        sequences,
+        (2..=61).collect::<Vec<_>>(),
+        "every attempt wrote exactly once"
+    );
+    let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
+    let payloads: Vec<i64> = loaded
+        .iter()
+        .map(|e| e.payload["n"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        payloads,
+        (1..=61).collect::<Vec<_>>(),
+        "each event written by the decision that saw its predecessor"
+    );
+}
+
+on_both_backends!(
+    optimistic_attempts_under_contention_all_land_in_order,
+    optimistic_attempts_under_contention_all_land_in_order
+);
+
+/// Runs a locked attempt of its own while an optimistic one is between its read and its write
+/// (inside the decision), then lets the optimistic one write `events` events.
+async fn interleaved_write(store: &Store, events: i64) -> Result<i64, StoreError> {
+    let other = store.clone();
+    store
+        .execute_optimistic(Fenced::new("s1", None), move |snapshot| {
+            let handle = tokio::runtime::Handle::current();
+            std::thread::spawn(move || handle.block_on(count_once(&other, "s1", None)))
+                .join()
+                .expect("thread")
+                .expect("the locked attempt in between");
+            let first = snapshot.last_sequence() + 1;
+            let written = (first..first + events).map(event).collect();
+            Ok::<_, Infallible>((Write::events(written), first))
+        })
+        .await
+        .map(|decided| decided.expect("the decision never fails"))
+}
+
+async fn a_write_after_the_version_moved_conflicts_and_writes_nothing(backend: Backend) {
+    assert_eq!(backend, Backend::Postgres);
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 1).await;
+    assert_eq!(count_once(&ts.store, "s1", None).await.expect("first").0, 1);
+    // One event: the single-statement write. Two: the check inside a transaction.
+    for (events, head) in [(1, 2), (2, 3)] {
+        match interleaved_write(&ts.store, events).await {
+            Err(StoreError::Conflict {
+                aggregate_type,
+                aggregate_id,
+                sequence,
+            }) => {
+                assert_eq!(
+                    (aggregate_type.as_str(), aggregate_id.as_str()),
+                    ("test_fenced", "s1")
+                );
+                assert_eq!(
+                    sequence, head,
+                    "the sequence the stale decision would have taken"
+                );
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
+        assert_eq!(
+            loaded.len() as i64,
+            head,
+            "only the attempt in between landed"
+        );
+    }
+    // A later optimistic attempt sees the moved stream and writes after it, both forms.
+    assert_eq!(count_optimistic(&ts.store, "s1", 1).await.expect("one"), 4);
+    assert_eq!(count_optimistic(&ts.store, "s1", 2).await.expect("two"), 6);
+}
+
+mod a_write_after_the_version_moved_conflicts_and_writes_nothing {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::a_write_after_the_version_moved_conflicts_and_writes_nothing(
+            wharf_tests::Backend::Postgres,
+        )
+        .await;
+    }
+}
+
+async fn optimistic_refusals_write_nothing(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    create_fence(&ts.store, 7).await;
+    assert_eq!(
+        count_optimistic(&ts.store, "s1", 1).await.expect("first"),
+        1
+    );
+    let refused = ts
+        .store
+        .execute_optimistic(Fenced::new("s1", Some(6)), |_| {
+            Ok::<_, Infallible>((Write::events(vec![event(2)]), ()))
+        })
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::GuardRefused { reason, .. }) if reason == "token 6 is not current"),
+        "{refused:?}"
+    );
+    let failed = ts
+        .store
+        .execute_optimistic(Fenced::new("s1", None), |_| Err::<(Write<()>, ()), _>("no"))
+        .await
+        .expect("the store call succeeds");
+    assert_eq!(failed, Err("no"));
+    let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
+    assert_eq!(
+        loaded.len(),
+        1,
+        "neither the refused nor the failed decision wrote"
+    );
+}
+
+on_both_backends!(
+    optimistic_refusals_write_nothing,
+    optimistic_refusals_write_nothing
+);

@@ -1,6 +1,6 @@
 //! One declaration attempt: the edge around the pure Register decision.
 //!
-//! Loads the group's events and live instances inside the store's locked transaction, folds
+//! Loads the group's events and live instances through the store's executor, folds
 //! them into the aggregate, decides with the store's time, and hands back what to append.
 
 use std::collections::HashMap;
@@ -94,9 +94,10 @@ pub(crate) struct Attempter<'a> {
 }
 
 impl Attempter<'_> {
-    /// Runs one locked attempt. With `heartbeat`, a joined or installed outcome also records
-    /// this instance's heartbeat in the same transaction, so no other declarer can swap the set
-    /// between the join and the first heartbeat.
+    /// Runs one attempt: optimistic first (on Postgres an unlocked read and one checked write,
+    /// ADR 0037), locked after a conflict. With `heartbeat`, a joined or installed outcome also
+    /// records this instance's heartbeat in the same transaction, so no other declarer can swap
+    /// the set between the join and the first heartbeat.
     pub(crate) async fn attempt(
         &self,
         registration: &Registration,
@@ -104,7 +105,10 @@ impl Attempter<'_> {
         first_declared_at: Option<DateTime<Utc>>,
     ) -> Result<RegisterOutcome, WharfError> {
         let group = registration.group.as_str();
-        for _ in 0..2 {
+        // Optimistic first (two round trips on Postgres); after a conflict, locked, which
+        // cannot conflict. A stale cache is dropped and the attempt run again.
+        let mut locked = false;
+        for _ in 0..3 {
             let (after_sequence, state) = self.states.get(group);
             let lock = GroupLock {
                 group: group.to_owned(),
@@ -119,7 +123,19 @@ impl Attempter<'_> {
                 heartbeat,
                 first_declared_at,
             );
-            match self.store.execute_group(lock, decide).await? {
+            let attempt = if locked {
+                self.store.execute_group(lock, decide).await
+            } else {
+                self.store.execute_optimistic(lock, decide).await
+            };
+            let decided = match attempt {
+                Err(StoreError::Conflict { .. }) if !locked => {
+                    locked = true;
+                    continue;
+                }
+                other => other?,
+            };
+            match decided {
                 Ok((outcome, next, sequence)) => {
                     self.states.put(group, sequence, next);
                     return Ok(outcome);

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use super::PgStore;
@@ -48,9 +48,11 @@ pub async fn append_in_tx(
             event_type: &event.event_type,
             payload: &event.payload,
         };
-        let insert = insert_statement(projectors, &pending, event)?;
-        apply_after.extend(insert.deferred.into_iter().map(|p| (offset, p)));
-        let row = sqlx::query_with(&insert.sql, insert.args)
+        let mut statement = CteStatement::default();
+        let deferred = insert_ctes(projectors, &pending, event, &mut statement, None)?;
+        apply_after.extend(deferred.into_iter().map(|p| (offset, p)));
+        let (sql, args) = statement.finish("SELECT position, recorded_at FROM appended");
+        let row = sqlx::query_with(&sql, args)
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| conflict_or(e, aggregate_type, aggregate_id, sequence))?;
@@ -75,27 +77,29 @@ pub async fn append_in_tx(
     Ok(recorded)
 }
 
-/// One event's insert statement with the fused projections.
-struct InsertStatement<'p> {
-    sql: String,
-    args: PgArguments,
-    /// The projectors that did not fuse, to apply after the insert, in order.
-    deferred: Vec<&'p Arc<dyn PgProjector>>,
-}
-
-/// Builds one event's insert statement, letting each projector fuse its writes. The append
-/// lock is taken inside the insert, before the row (and its position) is formed: the same
-/// guarantee as [`lock_appends`], one round trip fewer. Re-taking it for a later event of the
-/// same append is a no-op.
-fn insert_statement<'p>(
+/// Adds one event's insert to `statement` as the CTEs `append_lock` and `appended`, and lets
+/// each projector fuse its writes after them; returns the projectors that did not fuse, to
+/// apply after the statement, in order. The append lock is taken inside the insert, before the
+/// row (and its position) is formed: the same guarantee as [`lock_appends`], one round trip
+/// fewer. Re-taking it for a later event of the same append is a no-op.
+///
+/// With `after` (a one-row relation of `statement`, the optimistic executor's version check),
+/// the lock, and so the insert, come after it.
+pub(super) fn insert_ctes<'p>(
     projectors: &'p [Arc<dyn PgProjector>],
     pending: &EventRef<'_>,
     event: &NewEvent,
-) -> Result<InsertStatement<'p>, StoreError> {
-    let mut statement = CteStatement::default();
+    statement: &mut CteStatement,
+    after: Option<&str>,
+) -> Result<Vec<&'p Arc<dyn PgProjector>>, StoreError> {
+    let from = after
+        .map(|source| format!(" FROM {source}"))
+        .unwrap_or_default();
     statement.cte(
         "append_lock",
-        "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events'))",
+        &format!(
+            "SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.events')){from}"
+        ),
     );
     let values = [
         statement.bind(pending.aggregate_type)?,
@@ -103,8 +107,8 @@ fn insert_statement<'p>(
         statement.bind(pending.sequence)?,
         statement.bind(event.event_type.as_str())?,
         statement.bind(event.event_version.as_str())?,
-        json_text(&mut statement, &event.payload)?,
-        json_text(&mut statement, &event.metadata)?,
+        json_text(statement, &event.payload)?,
+        json_text(statement, &event.metadata)?,
     ];
     statement.cte(
         "appended",
@@ -118,18 +122,13 @@ fn insert_statement<'p>(
     let mut deferred = Vec::new();
     for projector in projectors {
         let fused = projector
-            .fuse(pending, "(SELECT position FROM appended)", &mut statement)
+            .fuse(pending, "(SELECT position FROM appended)", statement)
             .map_err(|e| StoreError::in_projector(projector.name(), e))?;
         if !fused {
             deferred.push(projector);
         }
     }
-    let (sql, args) = statement.finish("SELECT position, recorded_at FROM appended");
-    Ok(InsertStatement {
-        sql,
-        args,
-        deferred,
-    })
+    Ok(deferred)
 }
 
 /// Binds a JSON value as its text, cast to `json` in the statement. `sqlx::types::Json` is
@@ -146,7 +145,7 @@ fn json_text(
     Ok(format!("{}::json", statement.bind(text)?))
 }
 
-fn conflict_or(
+pub(super) fn conflict_or(
     e: sqlx::Error,
     aggregate_type: &str,
     aggregate_id: &str,

@@ -61,7 +61,7 @@ impl PgStore {
 }
 
 /// The statement's parameters so far: `$1` id, `$2` type, `$3` after-sequence.
-fn base_args<A: LockedAggregate>(target: &A) -> Result<CteStatement, StoreError> {
+pub(super) fn base_args<A: LockedAggregate>(target: &A) -> Result<CteStatement, StoreError> {
     let mut args = CteStatement::default();
     args.bind(target.aggregate_id().to_owned())?;
     args.bind(target.aggregate_type())?;
@@ -70,7 +70,7 @@ fn base_args<A: LockedAggregate>(target: &A) -> Result<CteStatement, StoreError>
 }
 
 /// The snapshot's select list: time, observed, events, head, guard (in that order).
-fn snapshot_columns<A: LockedAggregate>(
+pub(super) fn snapshot_columns<A: LockedAggregate>(
     target: &A,
     args: &mut CteStatement,
 ) -> Result<(String, Option<String>), StoreError> {
@@ -133,7 +133,7 @@ async fn read_again<A: LockedAggregate>(
     snapshot_of(target, &row, 0, refusal)
 }
 
-async fn fetch(
+pub(super) async fn fetch(
     conn: &mut PgConnection,
     sql: &str,
     args: CteStatement,
@@ -143,7 +143,7 @@ async fn fetch(
 }
 
 /// Decodes the snapshot columns starting at `first`, refusing when the guard is false.
-fn snapshot_of<A: LockedAggregate>(
+pub(super) fn snapshot_of<A: LockedAggregate>(
     target: &A,
     row: &sqlx::postgres::PgRow,
     first: usize,

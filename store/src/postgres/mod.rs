@@ -10,6 +10,7 @@
 mod events;
 mod executor;
 mod group;
+mod optimistic;
 mod rebuild;
 
 use std::sync::Arc;
