@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use chrono::{TimeDelta, Utc};
 use wharf::domain::{
     AppVersion, Attempt, BindingSet, DeclarationEvent, DeclarerId, GroupName, TopicName,
-    GROUP_STATE_FORMAT,
 };
 use wharf::store::{NewEvent, SavedGroupState, Store};
 use wharf::{Registration, Wharf};

@@ -54,7 +54,7 @@ impl Registration {
 /// Why a decision inside the locked transaction failed.
 enum AttemptError {
     /// The decision refused; the state (with the loaded events folded in) is still good.
-    Refused(DeclarationError, Held),
+    Refused(Box<(DeclarationError, Held)>),
     Corrupt(StoreError),
     /// The held state is ahead of the ledger (it was restored or replaced): drop it, reload.
     Stale,
@@ -165,7 +165,8 @@ impl Attempter<'_> {
                     return Ok(outcome);
                 }
                 Err(AttemptError::Stale) => {}
-                Err(AttemptError::Refused(e, state)) => {
+                Err(AttemptError::Refused(refused)) => {
+                    let (e, state) = *refused;
                     *held = Some(state);
                     return Err(e.into());
                 }
@@ -233,7 +234,7 @@ fn decision(
         };
         let decision = match decide(&held.state, &command) {
             Ok(decision) => decision,
-            Err(e) => return Err(AttemptError::Refused(e, held)),
+            Err(e) => return Err(AttemptError::Refused(Box::new((e, held)))),
         };
         let metadata = serde_json::json!({
             "declarer": declarer.as_str(),
