@@ -252,7 +252,7 @@ async fn register(
         Ok((
             GroupWrite {
                 events,
-                extra: heartbeat,
+                extra: heartbeat.map(Into::into),
             },
             decision.outcome,
         ))

@@ -12,6 +12,7 @@ pub mod binding_set;
 pub mod declaration;
 pub mod error;
 pub mod filter;
+pub mod group_state;
 pub mod lease;
 pub mod matcher;
 pub mod names;
@@ -24,6 +25,9 @@ pub use declaration::{
 };
 pub use error::ValidationError;
 pub use filter::{Subject, TopicFilter};
+pub use group_state::{
+    decode_group_state, encode_group_state, fold_group, StateRefused, GROUP_STATE_FORMAT,
+};
 pub use lease::{
     fence, ActivationPhases, FenceError, FencingToken, Lease, LeaseCommand, LeaseError, LeaseEvent,
     LeaseHolder, LeaseTiming, RenewOutcome, Renewer, RenewerAction, Staleness, StepDownReason,

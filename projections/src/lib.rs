@@ -7,7 +7,8 @@
 //! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
 //!   per declarer, from which open waiters are listed.
 //! - Reads: [`ReadModel`] lists groups, their waiters and instances, and pages audit history.
-//! - Maintenance: rebuild (a replay, see `wharf_store::rebuild`) and the deferred [`prune`].
+//! - Maintenance: rebuild (a replay, see `wharf_store::rebuild`), the group snapshots'
+//!   re-derivation and verification ([`snapshots`]), and the deferred [`prune`].
 //!
 //! Architecture invariant: projections only read events and write their own tables; nothing
 //! here decides anything or appends an event.
@@ -26,6 +27,7 @@ pub mod replay;
 pub mod rows;
 pub mod session;
 pub mod session_views;
+pub mod snapshots;
 pub mod views;
 
 use std::sync::Arc;
@@ -48,6 +50,7 @@ pub use session_views::{
     managed_sessions, session_history, session_stream_history, ManagedFilterView,
     ManagedSessionView, SessionHistoryEntry, SessionStream,
 };
+pub use snapshots::{SnapshotFinding, SnapshotReport};
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 
 /// The member page of reads that list every waiter and instance.
@@ -324,6 +327,19 @@ impl ReadModel {
             Store::Sqlite(s) => s.rebuild(sqlite_catch_up(), mode, progress).await,
             Store::Postgres(s) => s.rebuild(pg_catch_up(), mode, progress).await,
         }
+    }
+
+    /// Replaces every group snapshot with one re-derived from the events, for each group with
+    /// at least `min_events` events (ADR 0034); returns how many were written. A rebuild runs
+    /// it after the projections. Refused on a store migrated by a newer build.
+    pub async fn rederive_snapshots(&self, min_events: u64) -> Result<u64, StoreError> {
+        self.store.ensure_not_newer("projections rebuild").await?;
+        snapshots::rederive(&self.store, min_events).await
+    }
+
+    /// Checks every group snapshot against its group's events (ADR 0034); changes nothing.
+    pub async fn verify_snapshots(&self) -> Result<SnapshotReport, StoreError> {
+        snapshots::verify(&self.store).await
     }
 
     /// Runs the deferred pruner once. Refused on a store migrated by a newer build.

@@ -14,6 +14,7 @@ use sqlx::PgConnection;
 use crate::error::StoreError;
 use crate::event::Heartbeat;
 use crate::executor::{Decision, LockedAggregate, PgLock, Snapshot, Write};
+use crate::group_state::{pg_save, sqlite_save_in_tx, SavedGroupState};
 use crate::projector::CteStatement;
 
 /// The aggregate type the group executor loads and appends to.
@@ -45,11 +46,30 @@ pub struct LiveInstanceRow {
 /// What a group's decision sees: its events, its live instances and the store's time.
 pub type GroupSnapshot = Snapshot<Vec<LiveInstanceRow>>;
 
-/// What a group's decision writes: events, and the caller's heartbeat when it may consume.
-pub type GroupWrite = Write<Heartbeat>;
+/// What a group's decision writes beside its events: the caller's heartbeat when it may
+/// consume, and the group's saved state when one is due (ADR 0034).
+#[derive(Debug, Clone, Default)]
+pub struct GroupExtra {
+    /// The caller's heartbeat.
+    pub heartbeat: Option<Heartbeat>,
+    /// The group's state as of the attempt's resulting sequence, replacing its saved one.
+    pub saved_state: Option<SavedGroupState>,
+}
+
+impl From<Heartbeat> for GroupExtra {
+    fn from(heartbeat: Heartbeat) -> Self {
+        Self {
+            heartbeat: Some(heartbeat),
+            saved_state: None,
+        }
+    }
+}
+
+/// What a group's decision writes: events, and its [`GroupExtra`].
+pub type GroupWrite = Write<GroupExtra>;
 
 /// A group decision: what to write, and what to tell the caller.
-pub type GroupDecision<T, E> = Decision<T, E, Heartbeat>;
+pub type GroupDecision<T, E> = Decision<T, E, GroupExtra>;
 
 /// A group's lock is its `consumer_group` row (the router takes the same row lock, so routing
 /// never runs between a swap's decision and its commit). Creating the row also starts the
@@ -57,7 +77,7 @@ pub type GroupDecision<T, E> = Decision<T, E, Heartbeat>;
 #[async_trait]
 impl LockedAggregate for GroupLock {
     type Observed = Vec<LiveInstanceRow>;
-    type Extra = Heartbeat;
+    type Extra = GroupExtra;
 
     fn aggregate_type(&self) -> &'static str {
         GROUP_AGGREGATE
@@ -99,12 +119,20 @@ impl LockedAggregate for GroupLock {
         ))
     }
 
+    /// The heartbeat rides in the optimistic write as one CTE; a write that also saves the
+    /// group's state (once every `snapshot_every` events) takes the transaction path.
     fn pg_extra_cte(
         &self,
         args: &mut CteStatement,
-        heartbeat: &Heartbeat,
+        extra: &GroupExtra,
         source: &str,
     ) -> Result<Option<String>, StoreError> {
+        if extra.saved_state.is_some() {
+            return Ok(None);
+        }
+        let Some(heartbeat) = &extra.heartbeat else {
+            return Ok(Some(format!("SELECT 1 FROM {source}")));
+        };
         let values = [
             "$1".to_owned(),
             args.bind(heartbeat.declarer.clone())?,
@@ -118,8 +146,14 @@ impl LockedAggregate for GroupLock {
     async fn pg_write_extra(
         &self,
         conn: &mut PgConnection,
-        heartbeat: &Heartbeat,
+        extra: &GroupExtra,
     ) -> Result<(), StoreError> {
+        if let Some(saved) = &extra.saved_state {
+            pg_save(conn, saved).await?;
+        }
+        let Some(heartbeat) = &extra.heartbeat else {
+            return Ok(());
+        };
         let values = ["$1", "$2", "$3", "$4", "$5"].map(str::to_owned);
         sqlx::query(&upsert_heartbeat(&values, "(SELECT 1) AS one"))
             .bind(&self.group)
@@ -169,9 +203,15 @@ impl LockedAggregate for GroupLock {
     fn sqlite_write_extra(
         &self,
         tx: &rusqlite::Transaction<'_>,
-        heartbeat: &Heartbeat,
+        extra: &GroupExtra,
         now: i64,
     ) -> Result<(), StoreError> {
+        if let Some(saved) = &extra.saved_state {
+            sqlite_save_in_tx(tx, saved)?;
+        }
+        let Some(heartbeat) = &extra.heartbeat else {
+            return Ok(());
+        };
         tx.prepare_cached(
             "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, heartbeat_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6) \

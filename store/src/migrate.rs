@@ -36,6 +36,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(5, "sqlite", "0005_managed_sessions.sql"),
     migration!(6, "sqlite", "0006_listing_indexes.sql"),
     migration!(7, "sqlite", "0007_session_lease.sql"),
+    migration!(8, "sqlite", "0008_group_snapshot.sql"),
 ];
 
 /// The Postgres scripts.
@@ -51,6 +52,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(9, "postgres", "0009_session_lease.sql"),
     migration!(10, "postgres", "0010_managed_filter_fillfactor.sql"),
     migration!(11, "postgres", "0011_expect_version.sql"),
+    migration!(12, "postgres", "0012_group_snapshot.sql"),
 ];
 
 /// The schema version this build needs.

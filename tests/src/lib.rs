@@ -159,6 +159,7 @@ pub fn fast_declarations() -> DeclarationConfig {
         retry_interval: Duration::from_millis(50),
         heartbeat_interval: Duration::from_millis(50),
         instance_ttl: Duration::from_millis(400),
+        ..DeclarationConfig::default()
     }
 }
 

@@ -49,6 +49,7 @@ fn timings(heartbeat_ms: u64, ttl_ms: u64) -> DeclarationConfig {
         retry_interval: Duration::from_millis(50),
         heartbeat_interval: Duration::from_millis(heartbeat_ms),
         instance_ttl: Duration::from_millis(ttl_ms),
+        ..DeclarationConfig::default()
     }
 }
 

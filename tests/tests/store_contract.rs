@@ -999,7 +999,7 @@ async fn worker_instances_follow_heartbeats(backend: Backend) {
             Ok::<_, Infallible>((
                 GroupWrite {
                     events: Vec::new(),
-                    extra: Some(heartbeat),
+                    extra: Some(heartbeat.into()),
                 },
                 snapshot.now,
             ))
@@ -1117,11 +1117,14 @@ async fn group_executor_is_atomic(backend: Backend) {
                         "DeclarationInstalled",
                         json!({"not": "a declaration"}),
                     )],
-                    extra: Some(Heartbeat {
-                        declarer: "w2".into(),
-                        version: "1".into(),
-                        patterns: vec![],
-                    }),
+                    extra: Some(
+                        Heartbeat {
+                            declarer: "w2".into(),
+                            version: "1".into(),
+                            patterns: vec![],
+                        }
+                        .into(),
+                    ),
                 },
                 (),
             ))

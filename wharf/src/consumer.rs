@@ -330,6 +330,7 @@ impl Lifecycle {
                 states: &self.states,
                 declarer: &self.declarer,
                 instance_ttl: self.settings.instance_ttl,
+                snapshot_every: self.settings.snapshot_every,
             };
             let sent = Instant::now();
             let outcome = tokio::time::timeout(

@@ -1,7 +1,9 @@
 //! One declaration attempt: the edge around the pure Register decision.
 //!
-//! Loads the group's events and live instances through the store's executor, folds
-//! them into the aggregate, decides with the store's time, and hands back what to append.
+//! Loads the group's events and live instances through the store's executor (optimistic
+//! first, ADR 0037), folds them into the aggregate, decides with the store's time, and hands
+//! back what to append, with the group's saved state every `declarations.snapshot_every`
+//! events (ADR 0034).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,10 +11,14 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use cqrs_es::Aggregate;
 use wharf_domain::{
-    decide, AppVersion, BindingSet, ConsumerGroup, DeclarationError, DeclarationEvent, DeclarerId,
-    GroupName, LiveInstance, Register, RegisterOutcome, TopicName, ValidationError,
+    decide, decode_group_state, encode_group_state, fold_group, AppVersion, BindingSet,
+    ConsumerGroup, DeclarationError, DeclarationEvent, DeclarerId, GroupName, LiveInstance,
+    Register, RegisterOutcome, TopicName, ValidationError, GROUP_STATE_FORMAT,
 };
-use wharf_store::{GroupLock, GroupSnapshot, GroupWrite, Heartbeat, NewEvent, Store, StoreError};
+use wharf_store::{
+    GroupExtra, GroupLock, GroupSnapshot, GroupWrite, Heartbeat, NewEvent, SavedGroupState, Store,
+    StoreError,
+};
 
 use crate::error::WharfError;
 
@@ -48,40 +54,63 @@ impl Registration {
 
 /// Why a decision inside the locked transaction failed.
 enum AttemptError {
-    Refused(DeclarationError),
+    /// The decision refused; the state (with the loaded events folded in) is still good.
+    Refused(Box<(DeclarationError, Held)>),
     Corrupt(StoreError),
-    /// The cached state is ahead of the ledger (it was restored or replaced): drop it, reload.
+    /// The held state is ahead of the ledger (it was restored or replaced): drop it, reload.
     Stale,
 }
 
-/// Each group's folded state as of a ledger sequence, kept by one `Wharf` (in memory, per
-/// process) so an attempt loads only the events appended since. Pruning never changes a folded
-/// state (ADR 0004), so a cached state stays exact; a ledger that moved backwards is detected and
-/// the state reloaded in full.
-#[derive(Clone, Default)]
-pub(crate) struct GroupStates(Arc<Mutex<HashMap<String, (i64, ConsumerGroup)>>>);
+/// One group's folded state as this process holds it.
+pub(crate) struct Held {
+    /// The stream sequence the state folds up to.
+    sequence: i64,
+    state: ConsumerGroup,
+    /// The sequence of the group's saved state as far as this process knows (0: none).
+    saved_at: i64,
+    /// The saved state was refused (unknown format, undecodable, ahead of the ledger): write a
+    /// good one at the next attempt, whatever the interval.
+    rewrite: bool,
+}
 
-impl GroupStates {
-    fn get(&self, group: &str) -> (i64, ConsumerGroup) {
-        self.lock().get(group).cloned().unwrap_or_default()
-    }
-
-    fn put(&self, group: &str, sequence: i64, state: ConsumerGroup) {
-        let mut states = self.lock();
-        let newer = states.get(group).is_none_or(|(held, _)| *held <= sequence);
-        if newer {
-            states.insert(group.to_owned(), (sequence, state));
+impl Held {
+    fn empty(rewrite: bool) -> Self {
+        Self {
+            sequence: 0,
+            state: ConsumerGroup::default(),
+            saved_at: 0,
+            rewrite,
         }
     }
+}
 
-    fn forget(&self, group: &str) {
-        self.lock().remove(group);
+/// One group's slot: its held state, behind an async lock that serializes this process's
+/// attempts on the group (they serialize on the group's row lock anyway), so an attempt folds
+/// into the held state in place instead of copying it.
+type Slot = Arc<tokio::sync::Mutex<Option<Held>>>;
+
+/// Each group's folded state as of a ledger sequence, kept by one `Wharf` (in memory, per
+/// process) so an attempt loads only the events appended since. A group this process does not
+/// hold yet starts from its saved state (ADR 0034), else from its first event. Pruning never
+/// changes a folded state (ADR 0004), so a held or saved state stays exact; a ledger that moved
+/// backwards is detected and the state reloaded in full.
+#[derive(Clone, Default)]
+pub(crate) struct GroupStates(Arc<Mutex<HashMap<String, Slot>>>);
+
+impl GroupStates {
+    fn slot(&self, group: &str) -> Slot {
+        let mut slots = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slots.entry(group.to_owned()).or_default().clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (i64, ConsumerGroup)>> {
-        self.0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A copy of the group's held state and the sequence it folds up to, if held.
+    pub(crate) async fn held(&self, group: &str) -> Option<(i64, ConsumerGroup)> {
+        let slot = self.slot(group);
+        let held = slot.lock().await;
+        held.as_ref().map(|h| (h.sequence, h.state.clone()))
     }
 }
 
@@ -91,6 +120,9 @@ pub(crate) struct Attempter<'a> {
     pub states: &'a GroupStates,
     pub declarer: &'a DeclarerId,
     pub instance_ttl: std::time::Duration,
+    /// Save the group's state once its stream has grown this many events past the saved one
+    /// (0: never).
+    pub snapshot_every: u64,
 }
 
 impl Attempter<'_> {
@@ -105,23 +137,34 @@ impl Attempter<'_> {
         first_declared_at: Option<DateTime<Utc>>,
     ) -> Result<RegisterOutcome, WharfError> {
         let group = registration.group.as_str();
+        let slot = self.states.slot(group);
+        // Held across the attempt: a failed or cancelled attempt leaves the slot empty, and
+        // the next one starts cold (from the saved state).
+        let mut held = slot.lock().await;
         // Optimistic first (two round trips on Postgres); after a conflict, locked, which
-        // cannot conflict. A stale cache is dropped and the attempt run again.
+        // cannot conflict, from the saved state (the held one went into the conflicted
+        // decision). After a stale start, from the first event.
         let mut locked = false;
+        let mut trust_saved = true;
         for _ in 0..3 {
-            let (after_sequence, state) = self.states.get(group);
+            let start = match held.take() {
+                Some(start) => start,
+                None if trust_saved => self.cold_start(group).await?,
+                None => Held::empty(true),
+            };
             let lock = GroupLock {
                 group: group.to_owned(),
                 topic: registration.topic.to_string(),
                 instance_ttl: self.instance_ttl,
-                after_sequence,
+                after_sequence: start.sequence,
             };
             let decide = decision(
-                state,
+                start,
                 registration.clone(),
                 self.declarer.clone(),
                 heartbeat,
                 first_declared_at,
+                self.snapshot_every,
             );
             let attempt = if locked {
                 self.store.execute_group(lock, decide).await
@@ -136,35 +179,68 @@ impl Attempter<'_> {
                 other => other?,
             };
             match decided {
-                Ok((outcome, next, sequence)) => {
-                    self.states.put(group, sequence, next);
+                Ok((outcome, next)) => {
+                    *held = Some(next);
                     return Ok(outcome);
                 }
-                Err(AttemptError::Stale) => self.states.forget(group),
-                Err(AttemptError::Refused(e)) => return Err(e.into()),
+                Err(AttemptError::Stale) => trust_saved = false,
+                Err(AttemptError::Refused(refused)) => {
+                    let (e, state) = *refused;
+                    *held = Some(state);
+                    return Err(e.into());
+                }
                 Err(AttemptError::Corrupt(e)) => return Err(e.into()),
             }
         }
         Err(StoreError::decode(0, "the group's ledger changed under the state cache twice").into())
     }
+
+    /// The state a group this process does not hold starts from: its saved state when it has
+    /// a readable one, else nothing (fold from the first event). A refused saved state is
+    /// rewritten by the attempt.
+    async fn cold_start(&self, group: &str) -> Result<Held, WharfError> {
+        let Some(saved) = self.store.saved_group_state(group).await? else {
+            return Ok(Held::empty(false));
+        };
+        match decode_group_state(saved.format, &saved.state) {
+            Ok(state) => Ok(Held {
+                sequence: saved.sequence,
+                state,
+                saved_at: saved.sequence,
+                rewrite: false,
+            }),
+            Err(refused) => {
+                tracing::warn!(
+                    group,
+                    sequence = saved.sequence,
+                    %refused,
+                    "ignoring the group's saved state; folding its events instead"
+                );
+                Ok(Held::empty(true))
+            }
+        }
+    }
 }
 
-type Decided = (RegisterOutcome, ConsumerGroup, i64);
+type Decided = (RegisterOutcome, Held);
 
-/// The pure closure the locked executor runs: fold the new events into the cached state,
-/// decide, and say what to write and what state results.
+/// The pure closure the locked executor runs: fold the new events into the held state,
+/// decide, and say what to write (with the group's saved state when one is due) and what state
+/// results.
 fn decision(
-    mut state: ConsumerGroup,
+    mut held: Held,
     registration: Registration,
     declarer: DeclarerId,
     heartbeat: bool,
     first_declared_at: Option<DateTime<Utc>>,
+    snapshot_every: u64,
 ) -> impl FnOnce(&GroupSnapshot) -> Result<(GroupWrite, Decided), AttemptError> + Send + 'static {
     move |snapshot| {
         if snapshot.stream_head < snapshot.after_sequence {
             return Err(AttemptError::Stale);
         }
-        fold(&mut state, snapshot).map_err(AttemptError::Corrupt)?;
+        fold(&mut held.state, snapshot).map_err(AttemptError::Corrupt)?;
+        held.sequence = snapshot.last_sequence();
         let command = Register {
             group: registration.group.clone(),
             topic: registration.topic.clone(),
@@ -175,7 +251,10 @@ fn decision(
             now: snapshot.now,
             live_instances: live_instances(snapshot).map_err(AttemptError::Corrupt)?,
         };
-        let decision = decide(&state, &command).map_err(AttemptError::Refused)?;
+        let decision = match decide(&held.state, &command) {
+            Ok(decision) => decision,
+            Err(e) => return Err(AttemptError::Refused(Box::new((e, held)))),
+        };
         let metadata = serde_json::json!({
             "declarer": declarer.as_str(),
             "wharf_version": env!("CARGO_PKG_VERSION"),
@@ -191,18 +270,33 @@ fn decision(
             version: registration.version.to_string(),
             patterns: registration.bindings.patterns(),
         });
-        let sequence = snapshot.last_sequence() + decision.events.len() as i64;
-        for event in decision.events {
-            state.apply(event);
+        held.sequence += decision.events.len() as i64;
+        fold_group(&mut held.state, decision.events);
+        let saved_state = save_due(&held, snapshot_every).then(|| SavedGroupState {
+            group: registration.group.to_string(),
+            sequence: held.sequence,
+            format: GROUP_STATE_FORMAT,
+            state: encode_group_state(&held.state),
+        });
+        if saved_state.is_some() {
+            held.saved_at = held.sequence;
+            held.rewrite = false;
         }
-        Ok((
-            GroupWrite {
-                events,
-                extra: heartbeat,
-            },
-            (decision.outcome, state, sequence),
-        ))
+        let extra = (heartbeat.is_some() || saved_state.is_some()).then_some(GroupExtra {
+            heartbeat,
+            saved_state,
+        });
+        Ok((GroupWrite { events, extra }, (decision.outcome, held)))
     }
+}
+
+/// Whether the attempt saves the group's state: the saved one was refused, or the stream has
+/// grown `every` events past it. Never for an empty stream, never with `every` 0.
+fn save_due(held: &Held, every: u64) -> bool {
+    if held.sequence == 0 || every == 0 {
+        return false;
+    }
+    held.rewrite || held.sequence - held.saved_at >= i64::try_from(every).unwrap_or(i64::MAX)
 }
 
 /// Folds the snapshot's events into the aggregate.

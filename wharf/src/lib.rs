@@ -60,7 +60,7 @@ pub mod supervisor;
 
 use std::sync::Arc;
 
-use wharf_domain::{DeclarerId, RegisterOutcome, TopicName};
+use wharf_domain::{ConsumerGroup, DeclarerId, GroupName, RegisterOutcome, TopicName};
 use wharf_projections::ReadModel;
 use wharf_queue::{Headers, Queue, RetentionReport};
 use wharf_store::{PgSettings, PgStore, SqliteStore, Store, StoreLocation};
@@ -326,6 +326,13 @@ impl Wharf {
         }
     }
 
+    /// The group's folded state as this `Wharf` holds it after its last attempt on the group,
+    /// and the ledger sequence it folds up to (`None` before any attempt, or after one that
+    /// failed). A copy, for diagnostics and tests: the next attempt decides on exactly this.
+    pub async fn held_group_state(&self, group: &GroupName) -> Option<(i64, ConsumerGroup)> {
+        self.states.held(group.as_str()).await
+    }
+
     /// Attempts the declaration once and returns the outcome: joined, installed, or waiting
     /// (with the incumbent set and its live declarers). Records no heartbeat: only `consume`
     /// makes this instance a live declarer.
@@ -408,6 +415,7 @@ impl Wharf {
             states: &self.states,
             declarer: &self.declarer,
             instance_ttl: self.settings.instance_ttl,
+            snapshot_every: self.settings.snapshot_every,
         }
     }
 

@@ -1043,6 +1043,47 @@ async fn rebuild_verify_finds_and_apply_repairs_corruption(backend: Backend) {
 
 on_both_backends!(rebuild_verify_finds_and_apply_repairs_corruption);
 
+/// A wrong group snapshot (ADR 0034): `--verify` fails naming its group; a snapshot of a format
+/// this build does not read is listed as ignored; `rebuild` re-derives the table.
+async fn rebuild_verify_names_a_wrong_group_snapshot(backend: Backend) {
+    let Some(store) = seeded(backend).await else {
+        return;
+    };
+    store
+        .execute(
+            "INSERT INTO group_snapshot (group_name, sequence, format, state) VALUES \
+             ('billing', 1, 1, '{\"effective\":null,\"waiting\":{},\"installs\":7}'), \
+             ('shipping', 1, 0, 'an older format');",
+        )
+        .await;
+    let verify = store.run(&["projections", "rebuild", "--verify"]).await;
+    assert_eq!(verify.code, Some(1), "a wrong snapshot exits 1: {verify}");
+    assert!(
+        verify
+            .stdout
+            .contains("group snapshot of \"billing\" at sequence 1 is wrong"),
+        "{verify}"
+    );
+    assert!(
+        verify
+            .stdout
+            .contains("group snapshot of \"shipping\" at sequence 1 ignored"),
+        "{verify}"
+    );
+    let apply = store.run(&["projections", "rebuild"]).await;
+    assert!(
+        apply.success().contains("group snapshots re-derived: 0"),
+        "groups shorter than declarations.snapshot_every get none: {apply}"
+    );
+    let verify = store.run(&["projections", "rebuild", "--verify"]).await;
+    assert!(
+        verify.success().contains("0 group snapshots match"),
+        "{verify}"
+    );
+}
+
+on_both_backends!(rebuild_verify_names_a_wrong_group_snapshot);
+
 // ---------------------------------------------------------------------------------------------
 // prune
 // ---------------------------------------------------------------------------------------------

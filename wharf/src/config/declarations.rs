@@ -21,6 +21,11 @@ pub struct DeclarationConfig {
     /// Every store call of a consumer gets a third of it as its deadline.
     #[serde(with = "humantime_serde")]
     pub instance_ttl: Duration,
+    /// Save a group's folded state (its snapshot, ADR 0034) once its ledger has grown this
+    /// many events past the saved one, in the same transaction as the attempt that crosses it,
+    /// so a process that does not hold the group yet folds only the events after it. 0 turns
+    /// saving off (saved states are still read).
+    pub snapshot_every: u64,
 }
 
 impl DeclarationConfig {
@@ -41,6 +46,7 @@ impl Default for DeclarationConfig {
             retry_interval: Duration::from_secs(5),
             heartbeat_interval: Duration::from_secs(5),
             instance_ttl: Duration::from_secs(30),
+            snapshot_every: 1000,
         }
     }
 }

@@ -1,0 +1,287 @@
+//! Saved group states: the `group_snapshot` table (ADR 0034).
+//!
+//! Each row is one consumer group's folded state as of a sequence of its stream, written by the
+//! register path inside the group's locked transaction (through [`crate::group::GroupExtra`])
+//! or re-derived by a rebuild. The store keeps the state as opaque text with the format number
+//! the writer gave it; it never parses it (what a state means is the domain's, how it is checked
+//! is the projections'). Derived data: deleting every row loses nothing but speed.
+
+use rusqlite::{params, OptionalExtension};
+use sqlx::{PgConnection, Row};
+
+use crate::error::StoreError;
+use crate::{PgStore, SqliteStore, Store};
+
+/// One group's saved state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedGroupState {
+    /// The group (its stream's aggregate id).
+    pub group: String,
+    /// The stream sequence the state folds up to.
+    pub sequence: i64,
+    /// How `state` is written (the writer's format number).
+    pub format: i32,
+    /// The state, opaque to the store.
+    pub state: String,
+}
+
+/// A stream's newest sequence, as listed for a rebuild or a verify.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHead {
+    /// The aggregate id.
+    pub aggregate_id: String,
+    /// Its newest sequence.
+    pub head: i64,
+}
+
+const SQLITE_UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state) \
+     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (group_name) DO UPDATE SET \
+     sequence = excluded.sequence, format = excluded.format, state = excluded.state";
+
+const PG_UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state) \
+     VALUES ($1, $2, $3, $4) ON CONFLICT (group_name) DO UPDATE SET \
+     sequence = excluded.sequence, format = excluded.format, state = excluded.state";
+
+/// SQLite: writes `saved` in the caller's transaction, replacing the group's row.
+pub(crate) fn sqlite_save_in_tx(
+    tx: &rusqlite::Transaction<'_>,
+    saved: &SavedGroupState,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(SQLITE_UPSERT)?.execute(params![
+        saved.group,
+        saved.sequence,
+        saved.format,
+        saved.state
+    ])?;
+    Ok(())
+}
+
+/// Postgres: writes `saved` on the caller's connection (inside its transaction).
+pub(crate) async fn pg_save(
+    conn: &mut PgConnection,
+    saved: &SavedGroupState,
+) -> Result<(), StoreError> {
+    sqlx::query(PG_UPSERT)
+        .bind(&saved.group)
+        .bind(saved.sequence)
+        .bind(saved.format)
+        .bind(&saved.state)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn sqlite_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SavedGroupState> {
+    Ok(SavedGroupState {
+        group: row.get(0)?,
+        sequence: row.get(1)?,
+        format: row.get(2)?,
+        state: row.get(3)?,
+    })
+}
+
+fn pg_row(row: &sqlx::postgres::PgRow) -> Result<SavedGroupState, StoreError> {
+    Ok(SavedGroupState {
+        group: row.try_get(0)?,
+        sequence: row.try_get(1)?,
+        format: row.try_get(2)?,
+        state: row.try_get(3)?,
+    })
+}
+
+impl SqliteStore {
+    /// The group's saved state, if any.
+    pub async fn saved_group_state(
+        &self,
+        group: &str,
+    ) -> Result<Option<SavedGroupState>, StoreError> {
+        let group = group.to_owned();
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT group_name, sequence, format, state FROM group_snapshot \
+                     WHERE group_name = ?1",
+                )?
+                .query_row([group], sqlite_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    /// Up to `limit` saved states of groups named after `after`, in name order.
+    pub async fn saved_group_states(
+        &self,
+        after: String,
+        limit: i64,
+    ) -> Result<Vec<SavedGroupState>, StoreError> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT group_name, sequence, format, state FROM group_snapshot \
+                 WHERE group_name > ?1 ORDER BY group_name LIMIT ?2",
+            )?;
+            let rows = stmt.query_map(params![after, limit], sqlite_row)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Replaces every saved state with `states`, in one transaction.
+    pub async fn replace_saved_group_states(
+        &self,
+        states: Vec<SavedGroupState>,
+    ) -> Result<(), StoreError> {
+        self.write(move |ctx| {
+            ctx.tx.execute("DELETE FROM group_snapshot", [])?;
+            for saved in &states {
+                sqlite_save_in_tx(ctx.tx, saved)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Writes one saved state outside any attempt (tests and tools).
+    pub async fn save_group_state(&self, saved: SavedGroupState) -> Result<(), StoreError> {
+        self.write(move |ctx| sqlite_save_in_tx(ctx.tx, &saved))
+            .await
+    }
+
+    /// Every stream of `aggregate_type` and its newest sequence, in id order.
+    pub async fn stream_heads(&self, aggregate_type: &str) -> Result<Vec<StreamHead>, StoreError> {
+        let kind = aggregate_type.to_owned();
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT aggregate_id, MAX(sequence) FROM events WHERE aggregate_type = ?1 \
+                 GROUP BY aggregate_id ORDER BY aggregate_id",
+            )?;
+            let rows = stmt.query_map([kind], |row| {
+                Ok(StreamHead {
+                    aggregate_id: row.get(0)?,
+                    head: row.get(1)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+}
+
+impl PgStore {
+    /// The group's saved state, if any.
+    pub async fn saved_group_state(
+        &self,
+        group: &str,
+    ) -> Result<Option<SavedGroupState>, StoreError> {
+        let row = sqlx::query(
+            "SELECT group_name, sequence, format, state FROM group_snapshot WHERE group_name = $1",
+        )
+        .bind(group)
+        .fetch_optional(self.pool())
+        .await?;
+        row.as_ref().map(pg_row).transpose()
+    }
+
+    /// Up to `limit` saved states of groups named after `after`, in name order.
+    pub async fn saved_group_states(
+        &self,
+        after: String,
+        limit: i64,
+    ) -> Result<Vec<SavedGroupState>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT group_name, sequence, format, state FROM group_snapshot \
+             WHERE group_name > $1 ORDER BY group_name LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(pg_row).collect()
+    }
+
+    /// Replaces every saved state with `states`, in one transaction.
+    pub async fn replace_saved_group_states(
+        &self,
+        states: Vec<SavedGroupState>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query("DELETE FROM group_snapshot")
+            .execute(&mut *tx)
+            .await?;
+        for saved in &states {
+            pg_save(&mut tx, saved).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Writes one saved state outside any attempt (tests and tools).
+    pub async fn save_group_state(&self, saved: SavedGroupState) -> Result<(), StoreError> {
+        let mut conn = self.pool().acquire().await?;
+        pg_save(&mut conn, &saved).await
+    }
+
+    /// Every stream of `aggregate_type` and its newest sequence, in id order.
+    pub async fn stream_heads(&self, aggregate_type: &str) -> Result<Vec<StreamHead>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT aggregate_id, MAX(sequence) FROM events WHERE aggregate_type = $1 \
+             GROUP BY aggregate_id ORDER BY aggregate_id",
+        )
+        .bind(aggregate_type)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(StreamHead {
+                    aggregate_id: row.try_get(0)?,
+                    head: row.try_get(1)?,
+                })
+            })
+            .collect()
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $store:ident => $body:expr) => {
+        match $self {
+            Store::Sqlite($store) => $body,
+            Store::Postgres($store) => $body,
+        }
+    };
+}
+
+impl Store {
+    /// The group's saved state, if any.
+    pub async fn saved_group_state(
+        &self,
+        group: &str,
+    ) -> Result<Option<SavedGroupState>, StoreError> {
+        dispatch!(self, s => s.saved_group_state(group).await)
+    }
+
+    /// Up to `limit` saved states of groups named after `after`, in name order.
+    pub async fn saved_group_states(
+        &self,
+        after: String,
+        limit: i64,
+    ) -> Result<Vec<SavedGroupState>, StoreError> {
+        dispatch!(self, s => s.saved_group_states(after, limit).await)
+    }
+
+    /// Replaces every saved state with `states`, in one transaction.
+    pub async fn replace_saved_group_states(
+        &self,
+        states: Vec<SavedGroupState>,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.replace_saved_group_states(states).await)
+    }
+
+    /// Writes one saved state outside any attempt (tests and tools).
+    pub async fn save_group_state(&self, saved: SavedGroupState) -> Result<(), StoreError> {
+        dispatch!(self, s => s.save_group_state(saved).await)
+    }
+
+    /// Every stream of `aggregate_type` and its newest sequence, in id order.
+    pub async fn stream_heads(&self, aggregate_type: &str) -> Result<Vec<StreamHead>, StoreError> {
+        dispatch!(self, s => s.stream_heads(aggregate_type).await)
+    }
+}
