@@ -46,7 +46,11 @@ async fn acks_ride_on_the_claim(backend: Backend) {
     let claimed = next.fetched.unwrap();
     let positions: Vec<i64> = claimed.iter().map(|m| m.position).collect();
     assert_eq!(positions, vec![4, 5], "the next two, in position order");
-    let stats = queue.group_stats(Some(&group("a"))).await.unwrap().remove(0);
+    let stats = queue
+        .group_stats(Some(&group("a")))
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(
         (stats.in_flight, stats.claimable),
         (3, 1),
@@ -89,7 +93,11 @@ async fn an_expired_claim_acked_is_not_claimed_again_by_the_same_call(backend: B
     assert_eq!(held.len(), 1);
     // Wait until the claim has expired: it is claimable again.
     wait_until("the claim expires", Duration::from_secs(10), || async {
-        let stats = queue.group_stats(Some(&group("c"))).await.unwrap().remove(0);
+        let stats = queue
+            .group_stats(Some(&group("c")))
+            .await
+            .unwrap()
+            .remove(0);
         stats.claimable == 1
     })
     .await;
@@ -101,7 +109,11 @@ async fn an_expired_claim_acked_is_not_claimed_again_by_the_same_call(backend: B
         .unwrap();
     assert_eq!(next.acks, vec![AckOutcome::Acked]);
     assert!(next.fetched.unwrap().is_empty());
-    let stats = queue.group_stats(Some(&group("c"))).await.unwrap().remove(0);
+    let stats = queue
+        .group_stats(Some(&group("c")))
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(stats.claimable + stats.in_flight, 0, "{stats:?}");
 }
 on_both_backends!(
