@@ -29,7 +29,7 @@ use wharf_store::Store;
 
 pub use error::QueueError;
 pub use message::{
-    validate_batch, AckOutcome, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
+    validate_batch, AckOutcome, AckedFetch, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
     GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings, RetentionReport,
     RouteReport, SwapRecord, SwapReport, TopicStats,
 };
@@ -61,6 +61,17 @@ const MAX_EXTENSION: Duration = Duration::from_secs(24 * 3600);
 
 /// How many times one `claim` call claims again after burying exhausted messages.
 const MAX_CLAIM_ROUNDS: usize = 4;
+
+/// What the claim statements of one claim call did (both backends).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimStep {
+    /// What they handed out, in position order.
+    pub claimed: Vec<Claimed>,
+    /// Exhausted messages they moved to the dead letters instead.
+    pub buried: usize,
+    /// The `(position, token)` acks the first one settled.
+    pub acked: std::collections::HashSet<(i64, i64)>,
+}
 
 impl Queue {
     /// A queue over `store` with `settings`.
@@ -167,7 +178,10 @@ impl Queue {
         instance: &str,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
-        self.claim_fenced(group, instance, None, max).await
+        Ok(self
+            .claim_fenced(group, instance, None, max, Vec::new())
+            .await?
+            .claimed)
     }
 
     async fn claim_fenced(
@@ -176,25 +190,32 @@ impl Queue {
         instance: &str,
         fence: Option<i64>,
         max: u32,
-    ) -> Result<Vec<Claimed>, QueueError> {
+        acks: Vec<(i64, i64)>,
+    ) -> Result<ClaimStep, QueueError> {
         let max = i64::from(max.max(1));
-        let mut claimed = Vec::new();
+        let mut step = ClaimStep::default();
+        let mut acks = Some(acks);
         for _ in 0..MAX_CLAIM_ROUNDS {
-            let wanted = max - claimed.len() as i64;
-            let (mut got, buried) = match &self.store {
+            let wanted = max - step.claimed.len() as i64;
+            // The acks ride on the first claim statement only.
+            let acks = acks.take().unwrap_or_default();
+            let mut got = match &self.store {
                 Store::Sqlite(s) => {
-                    sqlite::claim(s, &self.settings, group, instance, wanted, fence).await?
+                    sqlite::claim(s, &self.settings, group, instance, wanted, fence, acks).await?
                 }
                 Store::Postgres(s) => {
-                    postgres::claim(s, &self.settings, group, instance, wanted, fence).await?
+                    postgres::claim(s, &self.settings, group, instance, wanted, fence, &acks)
+                        .await?
                 }
             };
-            claimed.append(&mut got);
-            if buried == 0 || claimed.len() as i64 >= max {
+            step.claimed.append(&mut got.claimed);
+            step.acked.extend(got.acked);
+            step.buried += got.buried;
+            if got.buried == 0 || step.claimed.len() as i64 >= max {
                 break;
             }
         }
-        Ok(claimed)
+        Ok(step)
     }
 
     /// Claims up to `max` messages, routing what is new for the group (a bounded number of
@@ -209,7 +230,9 @@ impl Queue {
         instance: &str,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
-        self.fetch_inner(group, instance, None, max).await
+        self.fetch_inner(group, instance, None, max, Vec::new())
+            .await?
+            .fetched
     }
 
     /// Like [`fetch`](Self::fetch) for an instance that joined the group under the install at
@@ -223,7 +246,42 @@ impl Queue {
         install: i64,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
-        self.fetch_inner(group, instance, Some(install), max).await
+        self.fetch_inner(group, instance, Some(install), max, Vec::new())
+            .await?
+            .fetched
+    }
+
+    /// Acks `acks` (claims of `group` whose handlers succeeded) and fetches up to `max` more,
+    /// like [`fetch`](Self::fetch) (fenced by `install` when given, like
+    /// [`fetch_fenced`](Self::fetch_fenced)). The acks are settled by the fetch's first claim
+    /// statement, in its commit: one round trip and one commit for the acks of one batch and
+    /// the claim of the next, where [`ack_many`](Self::ack_many) then `fetch` take two
+    /// (ADR 0035).
+    ///
+    /// An error before the acks were settled is the outer error (nothing acked, nothing
+    /// claimed); a failure after it (a routing step, or the fence) is in
+    /// [`AckedFetch::fetched`], beside the acks' outcomes.
+    pub async fn ack_and_fetch(
+        &self,
+        acks: &[Claimed],
+        group: &GroupName,
+        instance: &str,
+        install: Option<i64>,
+        max: u32,
+    ) -> Result<AckedFetch, QueueError> {
+        let mut keys = Vec::with_capacity(acks.len());
+        for (i, message) in acks.iter().enumerate() {
+            if message.group != group.as_str() {
+                return Err(ValidationError::new(
+                    &format!("acks[{i}].group"),
+                    &message.group,
+                    &format!("acks carried by a fetch must be of the fetching group {group}"),
+                )
+                .into());
+            }
+            keys.push((message.position, message.claim_token));
+        }
+        self.fetch_inner(group, instance, install, max, keys).await
     }
 
     async fn fetch_inner(
@@ -232,9 +290,40 @@ impl Queue {
         instance: &str,
         fence: Option<i64>,
         max: u32,
-    ) -> Result<Vec<Claimed>, QueueError> {
+        acks: Vec<(i64, i64)>,
+    ) -> Result<AckedFetch, QueueError> {
         let max = max.max(1);
-        let mut claimed = self.claim_fenced(group, instance, fence, max).await?;
+        let keys = acks.clone();
+        let step = self.claim_fenced(group, instance, fence, max, acks).await?;
+        let outcomes = keys
+            .iter()
+            .map(|key| {
+                if step.acked.contains(key) {
+                    AckOutcome::Acked
+                } else {
+                    AckOutcome::ClaimLost
+                }
+            })
+            .collect();
+        let fetched = self
+            .fetch_rest(group, instance, fence, max, step.claimed)
+            .await;
+        Ok(AckedFetch {
+            acks: outcomes,
+            fetched,
+        })
+    }
+
+    /// The rest of a fetch whose first claim got `claimed`: routes and claims again when that
+    /// came back short.
+    async fn fetch_rest(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        fence: Option<i64>,
+        max: u32,
+        mut claimed: Vec<Claimed>,
+    ) -> Result<Vec<Claimed>, QueueError> {
         let wanted = max - claimed.len() as u32;
         if wanted == 0 {
             return Ok(claimed);
@@ -258,7 +347,10 @@ impl Queue {
         }
         // Another instance routing right now is likely to have made deliveries too.
         if routed > 0 || busy {
-            claimed.append(&mut self.claim_fenced(group, instance, fence, wanted).await?);
+            let mut more = self
+                .claim_fenced(group, instance, fence, wanted, Vec::new())
+                .await?;
+            claimed.append(&mut more.claimed);
         }
         Ok(claimed)
     }

@@ -230,6 +230,15 @@ pub enum AckOutcome {
     ClaimLost,
 }
 
+/// What [`Queue::ack_and_fetch`](crate::Queue::ack_and_fetch) did.
+#[derive(Debug)]
+pub struct AckedFetch {
+    /// Each ack's outcome, in the order given, settled in the commit of the fetch's first claim.
+    pub acks: Vec<AckOutcome>,
+    /// What the fetch claimed, or why the rest of it failed once the acks were settled.
+    pub fetched: Result<Vec<Claimed>, crate::QueueError>,
+}
+
 /// The result of a nack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NackOutcome {

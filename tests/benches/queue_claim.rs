@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wharf::store::Store;
-use wharf_queue::{AckOutcome, OutgoingMessage, Queue, QueueSettings};
+use wharf_queue::{AckOutcome, Queue, QueueSettings};
 use wharf_tests::{Backend, TestStore};
 
 mod support;
@@ -117,58 +117,6 @@ async fn routed_vs_plain(backend: Backend, matched: usize) {
         "  ratio routed / plain (means: {routed_rate:.0} / {baseline:.0} msg/s): {:.2} (goal >= 0.80)",
         routed_rate / baseline
     );
-}
-
-/// Appends `count` non-matching messages to the topic.
-async fn load_backlog(test: &TestStore, queue: &Queue, count: usize) {
-    let topic = topic();
-    if sql_backlog_load() {
-        let Store::Postgres(s) = &test.store else {
-            unreachable!("the flatness runs are on Postgres")
-        };
-        let mut tx = s.pool().begin().await.unwrap();
-        let head: i64 = sqlx::query_scalar(
-            "INSERT INTO topic (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET head = topic.head \
-             RETURNING head",
-        )
-        .bind(TOPIC)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO message (topic, position, subject, payload, headers) \
-             SELECT $1, $2 + g, 'metrics/' || (g % 100) || '/temp', $3, $4 \
-             FROM generate_series(1, $5) g",
-        )
-        .bind(TOPIC)
-        .bind(head)
-        .bind(payload())
-        .bind(serde_json::to_value(headers()).unwrap())
-        .bind(count as i64)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        sqlx::query("UPDATE topic SET head = head + $2 WHERE name = $1")
-            .bind(TOPIC)
-            .bind(count as i64)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        return;
-    }
-    let mut published = 0;
-    while published < count {
-        let n = BACKLOG_BATCH.min(count - published);
-        let batch: Vec<OutgoingMessage> = (published..published + n)
-            .map(|i| message(&format!("metrics/{}/temp", i % PATTERNS)))
-            .collect();
-        queue
-            .publish(&topic, &batch)
-            .await
-            .expect("publishing backlog");
-        published += n;
-    }
 }
 
 /// What one flatness scenario measured.

@@ -1,71 +1,149 @@
-//! Coalesces the acks of one consumer's handlers into shared commits.
+//! The acks of one consumer's handlers, settled by its claim loop.
 //!
-//! Each finished handler hands its message to the acker and waits for the outcome. The acker
-//! takes whatever acks are queued at that moment (up to [`MAX_BATCH`]) and settles them with
-//! one `Queue::ack_many`, one commit. Nothing waits for a batch to fill: a lone ack goes out at
-//! once, and under load the acks that queue up during one commit share the next (group
-//! commit). An ack is never reported before its commit.
+//! Each handler whose message succeeded hands it to the [`Acker`] and waits for the outcome; an
+//! ack is never reported before its commit. The claim loop owns the other end
+//! ([`PendingAcks`]) and takes whatever acks are queued whenever it next goes to the store:
+//! before a fetch they ride on the fetch's claim statement (`Queue::ack_and_fetch`: the acks of
+//! one batch and the claim of the next share one commit and, on Postgres, one statement; ADR
+//! 0035); when no fetch is due (every handler slot busy, idle, not consuming, draining) it
+//! settles them at once with `Queue::ack_many`. Nothing waits for a batch to fill: the acks
+//! that queue up while the loop is at the store share its next trip (group commit, ADR 0012).
 
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tracing::debug;
 use wharf_queue::{AckOutcome, Claimed, Queue, QueueError};
 use wharf_store::StoreError;
 
-/// The most acks settled in one commit.
-const MAX_BATCH: usize = 256;
+/// The most acks settled by one statement.
+pub(crate) const MAX_BATCH: usize = 256;
 
-type Reply = oneshot::Sender<Result<AckOutcome, Arc<QueueError>>>;
+/// What an ack's waiter is told.
+pub(crate) type AckResult = Result<AckOutcome, Arc<QueueError>>;
 
-/// The handlers' side of the acker; cloned into every handler task.
+type Reply = oneshot::Sender<AckResult>;
+
+/// The handlers' side; cloned into every handler task.
 #[derive(Clone)]
 pub(crate) struct Acker {
     acks: mpsc::UnboundedSender<(Claimed, Reply)>,
     queue: Queue,
 }
 
-impl Acker {
-    /// Starts the acker's task on `queue`; it ends when every `Acker` clone is dropped.
-    pub(crate) fn start(queue: Queue) -> (Self, JoinHandle<()>) {
-        let (acks, receiver) = mpsc::unbounded_channel();
-        let task = tokio::spawn(settle_batches(queue.clone(), receiver));
-        (Self { acks, queue }, task)
-    }
+/// The claim loop's side: the acks queued and not yet settled.
+pub(crate) struct PendingAcks {
+    receiver: mpsc::UnboundedReceiver<(Claimed, Reply)>,
+}
 
-    /// Acks `message` in the next shared commit and returns its outcome.
-    pub(crate) async fn ack(&self, message: Claimed) -> Result<AckOutcome, Arc<QueueError>> {
+/// A batch of acks taken off the queue: the messages, and who waits for each outcome.
+#[derive(Default)]
+pub(crate) struct AckBatch {
+    pub messages: Vec<Claimed>,
+    replies: Vec<Reply>,
+}
+
+/// A connected acker and its pending queue.
+pub(crate) fn channel(queue: Queue) -> (Acker, PendingAcks) {
+    let (acks, receiver) = mpsc::unbounded_channel();
+    (Acker { acks, queue }, PendingAcks { receiver })
+}
+
+impl Acker {
+    /// Queues `message` for the claim loop to ack; the returned ack reports its outcome once
+    /// committed. Queued before the handler's slot is freed, so the fetch that slot wakes can
+    /// carry it.
+    pub(crate) fn queue(&self, message: Claimed) -> QueuedAck {
         let (reply, outcome) = oneshot::channel();
-        if let Err(mpsc::error::SendError((message, _))) = self.acks.send((message, reply)) {
-            // The acker task is gone (it panicked): ack on our own.
-            return self.queue.ack(&message).await.map_err(Arc::new);
+        match self.acks.send((message, reply)) {
+            Ok(()) => QueuedAck::Queued(outcome),
+            // The claim loop is gone (it panicked): ack on our own.
+            Err(mpsc::error::SendError((message, _))) => {
+                QueuedAck::Alone(self.queue.clone(), Box::new(message))
+            }
         }
-        outcome.await.unwrap_or_else(|_| {
-            Err(Arc::new(QueueError::Store(StoreError::Task(
-                "the acker stopped before settling this ack".to_owned(),
-            ))))
-        })
     }
 }
 
-async fn settle_batches(queue: Queue, mut acks: mpsc::UnboundedReceiver<(Claimed, Reply)>) {
-    let mut batch = Vec::new();
-    while acks.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let (messages, replies): (Vec<Claimed>, Vec<Reply>) = batch.drain(..).unzip();
-        debug!(acks = messages.len(), "settling acks in one commit");
-        match queue.ack_many(&messages).await {
+/// An ack handed to the claim loop (or, with the loop gone, to be made alone).
+pub(crate) enum QueuedAck {
+    Queued(oneshot::Receiver<AckResult>),
+    Alone(Queue, Box<Claimed>),
+}
+
+impl QueuedAck {
+    /// The ack's outcome, once committed.
+    pub(crate) async fn outcome(self) -> AckResult {
+        match self {
+            Self::Queued(outcome) => outcome.await.unwrap_or_else(|_| {
+                Err(Arc::new(QueueError::Store(StoreError::Task(
+                    "the claim loop stopped before settling this ack".to_owned(),
+                ))))
+            }),
+            Self::Alone(queue, message) => queue.ack(&message).await.map_err(Arc::new),
+        }
+    }
+}
+
+impl PendingAcks {
+    /// The acks queued right now (at most [`MAX_BATCH`]); empty when there are none.
+    pub(crate) fn take_ready(&mut self) -> AckBatch {
+        let mut batch = AckBatch::default();
+        while batch.messages.len() < MAX_BATCH {
+            match self.receiver.try_recv() {
+                Ok((message, reply)) => batch.push(message, reply),
+                Err(_) => break,
+            }
+        }
+        batch
+    }
+
+    /// Waits for the next ack, then takes it and whatever else is queued by then.
+    pub(crate) async fn next_batch(&mut self) -> AckBatch {
+        let mut batch = AckBatch::default();
+        if let Some((message, reply)) = self.receiver.recv().await {
+            batch.push(message, reply);
+            let mut rest = self.take_ready();
+            batch.messages.append(&mut rest.messages);
+            batch.replies.append(&mut rest.replies);
+        }
+        batch
+    }
+}
+
+impl AckBatch {
+    fn push(&mut self, message: Claimed, reply: Reply) {
+        self.messages.push(message);
+        self.replies.push(reply);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// Tells every waiter its outcome (`outcomes` in the batch's order) or the shared error.
+    pub(crate) fn reply(self, outcomes: Result<Vec<AckOutcome>, Arc<QueueError>>) {
+        match outcomes {
             Ok(outcomes) => {
-                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                for (reply, outcome) in self.replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
                 }
             }
             Err(e) => {
-                let e = Arc::new(e);
-                for reply in replies {
+                for reply in self.replies {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
         }
+    }
+
+    /// Settles the batch on its own, in one commit (`Queue::ack_many`), and replies.
+    pub(crate) async fn settle(self, queue: &Queue) {
+        if self.is_empty() {
+            return;
+        }
+        debug!(acks = self.messages.len(), "settling acks in one commit");
+        let outcomes = queue.ack_many(&self.messages).await.map_err(Arc::new);
+        self.reply(outcomes);
     }
 }

@@ -12,9 +12,11 @@
 //! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all; it lingers up to
 //! a millisecond for slots about to free up, so handlers that finish together fetch together);
 //! each message runs in its own task under a `message{group,topic,position,attempts}` span and
-//! is acked when its handler succeeds (acks of handlers that finish together share a commit:
-//! `acker`), or nacked with the error text when it fails or panics. While a handler runs its
-//! claim is extended (`claim_keeper`), up to `queue.max_claim_hold`.
+//! is acked when its handler succeeds, or nacked with the error text when it fails or panics.
+//! Acks are queued for this loop (`acker`): they ride on the next fetch's claim statement (one
+//! commit for the acks of one batch and the claim of the next, ADR 0035), or, when no fetch is
+//! due, are settled together on their own. While a handler runs its claim is extended
+//! (`claim_keeper`), up to `queue.max_claim_hold`.
 //!
 //! An idle consumer (its last fetch came back empty) waits for `queue.poll_interval` or for a
 //! publish to its topic, whichever comes first (`publish_listener` brings other processes'
@@ -39,10 +41,10 @@ use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::{GroupName, TopicName};
 use wharf_metrics::prometheus::IntCounter;
 use wharf_metrics::StoreOperation;
-use wharf_queue::{AckOutcome, Claimed, NackOutcome, Queue, QueueError};
+use wharf_queue::{AckOutcome, AckedFetch, Claimed, NackOutcome, Queue, QueueError};
 use wharf_store::Store;
 
-use crate::acker::Acker;
+use crate::acker::{self, AckBatch, Acker, PendingAcks};
 use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
 use crate::consumer::ConsumerState;
@@ -177,7 +179,7 @@ impl Runtime {
         let mut tasks = JoinSet::new();
         self.listener.ensure(&self.queue, &self.store).await;
         let mut published = self.queue.wakeups().subscribe(self.topic.as_str());
-        let (acker, acking) = Acker::start(self.queue.clone());
+        let (acker, mut acks) = acker::channel(self.queue.clone());
         let settle = Settle {
             queue: self.queue.clone(),
             acker,
@@ -202,11 +204,14 @@ impl Runtime {
                 _ => None,
             };
             let Some(install) = install else {
-                interruptible(std::future::pending::<()>(), &mut stop, &mut state).await;
+                // Claiming nothing; the acks of handlers still running are settled meanwhile.
+                let idle = std::future::pending::<()>();
+                self.settling(idle, &mut acks, &mut stop, &mut state).await;
                 continue;
             };
-            let Some(Ok(first)) =
-                interruptible(slots.clone().acquire_owned(), &mut stop, &mut state).await
+            // Acks that come while every slot is busy are settled on their own.
+            let free = slots.clone().acquire_owned();
+            let Some(Ok(first)) = self.settling(free, &mut acks, &mut stop, &mut state).await
             else {
                 continue;
             };
@@ -214,10 +219,7 @@ impl Runtime {
             let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
             // Publishes from here on wake the idle wait below.
             published.borrow_and_update();
-            let fetch = self
-                .queue
-                .fetch_fenced(&self.group, &self.instance, install, wanted);
-            let fetched = tokio::time::timeout(self.call_deadline, fetch).await;
+            let fetched = self.ack_and_fetch(acks.take_ready(), install, wanted).await;
             Counters::bump(&self.counters.fetches);
             match fetched {
                 Ok(Ok(messages)) if !messages.is_empty() => {
@@ -238,7 +240,7 @@ impl Runtime {
                             _ = published.changed() => {}
                         }
                     };
-                    interruptible(idle, &mut stop, &mut state).await;
+                    self.settling(idle, &mut acks, &mut stop, &mut state).await;
                 }
                 Ok(Err(QueueError::Fenced { current, .. })) => {
                     drop(permits);
@@ -255,7 +257,7 @@ impl Runtime {
                     self.metrics.fetch_errors.inc();
                     warn!(error = %e, "fetching messages failed; retrying after the poll interval");
                     let pause = tokio::time::sleep(self.config.poll_interval);
-                    interruptible(pause, &mut stop, &mut state).await;
+                    self.settling(pause, &mut acks, &mut stop, &mut state).await;
                 }
                 Err(_) => {
                     drop(permits);
@@ -267,15 +269,72 @@ impl Runtime {
                          timeout)"
                     );
                     let pause = tokio::time::sleep(self.config.poll_interval);
-                    interruptible(pause, &mut stop, &mut state).await;
+                    self.settling(pause, &mut acks, &mut stop, &mut state).await;
                 }
             }
         }
-        self.drain(&mut tasks).await;
-        // The handler tasks are done (or aborted); the acker ends once its last sender goes.
+        self.drain(&mut tasks, &mut acks).await;
         drop(settle);
-        if let Err(e) = acking.await {
-            error!(error = %e, "the acker task failed");
+    }
+
+    /// Settles `acks` (maybe none) in the claim statement of a fetch of up to `wanted`, within
+    /// the call deadline. The acks' waiters are told their outcomes: from the fetch's first
+    /// statement; from an `ack_many` of their own when that statement failed (it settled
+    /// nothing); as an error when the deadline passed (whether they committed is unknown; an
+    /// ack that did not is redelivered after the visibility timeout).
+    async fn ack_and_fetch(
+        &self,
+        acks: AckBatch,
+        install: i64,
+        wanted: u32,
+    ) -> Result<Result<Vec<Claimed>, QueueError>, tokio::time::error::Elapsed> {
+        let fetch = self.queue.ack_and_fetch(
+            &acks.messages,
+            &self.group,
+            &self.instance,
+            Some(install),
+            wanted,
+        );
+        match tokio::time::timeout(self.call_deadline, fetch).await {
+            Ok(Ok(AckedFetch {
+                acks: outcomes,
+                fetched,
+            })) => {
+                acks.reply(Ok(outcomes));
+                Ok(fetched)
+            }
+            Ok(Err(e)) => {
+                acks.settle(&self.queue).await;
+                Ok(Err(e))
+            }
+            Err(elapsed) => {
+                acks.reply(Err(Arc::new(QueueError::Store(
+                    wharf_store::StoreError::Task(format!(
+                        "the fetch that carried this ack got no answer within {}",
+                        humantime::format_duration(self.call_deadline)
+                    )),
+                ))));
+                Err(elapsed)
+            }
+        }
+    }
+
+    /// Awaits `work` like [`interruptible`], settling the acks that arrive meanwhile on their
+    /// own (no fetch is due while the loop waits here).
+    async fn settling<F: Future>(
+        &self,
+        work: F,
+        acks: &mut PendingAcks,
+        stop: &mut watch::Receiver<bool>,
+        state: &mut watch::Receiver<ConsumerState>,
+    ) -> Option<F::Output> {
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                biased;
+                output = interruptible(&mut work, stop, state) => return output,
+                batch = acks.next_batch() => batch.settle(&self.queue).await,
+            }
         }
     }
 
@@ -306,9 +365,11 @@ impl Runtime {
         );
     }
 
-    /// Waits up to the drain timeout for running handlers, then aborts what is left.
-    async fn drain(&self, tasks: &mut JoinSet<()>) {
+    /// Waits up to the drain timeout for running handlers (settling their acks as they come),
+    /// then aborts what is left.
+    async fn drain(&self, tasks: &mut JoinSet<()>, acks: &mut PendingAcks) {
         if tasks.is_empty() {
+            acks.take_ready().settle(&self.queue).await;
             return;
         }
         let deadline = self.config.drain_timeout;
@@ -318,11 +379,20 @@ impl Runtime {
             "stopped claiming; draining running handlers"
         );
         let all_done = async {
-            while let Some(ended) = tasks.join_next().await {
-                log_task_end(ended);
+            loop {
+                tokio::select! {
+                    ended = tasks.join_next() => match ended {
+                        Some(ended) => log_task_end(ended),
+                        None => break,
+                    },
+                    batch = acks.next_batch() => batch.settle(&self.queue).await,
+                }
             }
         };
-        if tokio::time::timeout(deadline, all_done).await.is_err() {
+        let drained = tokio::time::timeout(deadline, all_done).await;
+        // What finished last may have queued an ack after the loop above last looked.
+        acks.take_ready().settle(&self.queue).await;
+        if drained.is_err() {
             warn!(
                 aborted = tasks.len(),
                 "drain deadline passed; aborting the handlers still running. Their claims \
@@ -365,8 +435,9 @@ async fn gather_slots(
 }
 
 /// Runs the handler on one message, keeping its claim alive meanwhile, and settles it: ack on
-/// success (through the shared acker), nack on failure or panic. The handler slot is freed as
-/// soon as the handler returns, so the next fetch overlaps the settle.
+/// success (queued for the claim loop, which settles it with its next trip to the store), nack
+/// on failure or panic. The handler slot is freed as soon as the handler returns (a success's
+/// ack queued first), so the next fetch can carry the ack.
 async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot: Slot) {
     let outcome = {
         let handling = AssertUnwindSafe(handler.handle(&message)).catch_unwind();
@@ -383,7 +454,6 @@ async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot:
             }
         }
     };
-    drop(slot);
     let (queue, counters) = (&settle.queue, settle.counters.as_ref());
     let metrics = &settle.metrics;
     let failure = match outcome {
@@ -392,7 +462,10 @@ async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot:
         Err(panic) => Some(format!("handler panicked: {}", panic_text(panic.as_ref()))),
     };
     let Some(reason) = failure else {
-        match settle.acker.ack(message).await {
+        // Queued before the slot is freed, so the fetch the free slot wakes carries the ack.
+        let ack = settle.acker.queue(message);
+        drop(slot);
+        match ack.outcome().await {
             Ok(AckOutcome::Acked) => {
                 metrics.group.acked();
                 debug!("handled and acked")
@@ -416,6 +489,7 @@ async fn process(settle: &Settle, handler: &dyn Handler, message: Claimed, slot:
         Counters::bump(&counters.handled_ok);
         return;
     };
+    drop(slot);
     match queue.nack(&message, &reason).await {
         Ok(NackOutcome::Retrying { visible_at }) => {
             metrics.group.nacked(false);

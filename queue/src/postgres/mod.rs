@@ -16,3 +16,9 @@ pub(crate) use stats::{group_stats, group_stats_of, swaps, topic_stats};
 fn headers_json(value: serde_json::Value) -> crate::message::Headers {
     serde_json::from_value(value).unwrap_or_default()
 }
+
+/// Headers stored as JSON, read as text (`headers::text`): decoded straight into the map, with
+/// no JSON tree in between (the claim's hot path).
+fn headers_text(text: &str) -> crate::message::Headers {
+    serde_json::from_str(text).unwrap_or_default()
+}

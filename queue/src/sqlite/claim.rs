@@ -10,13 +10,15 @@ use wharf_store::{SqliteStore, StoreError};
 use super::headers_from;
 use crate::error::QueueError;
 use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
+use crate::ClaimStep;
 
 fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Claims up to `max` claimable messages of `group` for `instance`; also returns how many
-/// exhausted messages it moved to the dead letters instead.
+/// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
+/// (`(position, token)` of the same group) in the same write transaction (ADR 0035); also
+/// reports how many exhausted messages it moved to the dead letters instead.
 pub(crate) async fn claim(
     store: &SqliteStore,
     settings: &QueueSettings,
@@ -24,15 +26,31 @@ pub(crate) async fn claim(
     instance: &str,
     max: i64,
     fence: Option<i64>,
-) -> Result<(Vec<Claimed>, usize), QueueError> {
+    acks: Vec<(i64, i64)>,
+) -> Result<ClaimStep, QueueError> {
     let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
-    if !anything_claimable(store, &group).await? {
-        return Ok((Vec::new(), 0));
+    // With acks to settle the writer is taken anyway; without, an idle poll costs a read.
+    if acks.is_empty() && !anything_claimable(store, &group).await? {
+        return Ok(ClaimStep::default());
     }
     let token: i64 = rand::random();
     Ok(store
         .write(move |ctx| {
             let now = ctx.now.timestamp_micros();
+            let mut acked = HashSet::new();
+            if !acks.is_empty() {
+                let mut delete = ctx.tx.prepare_cached(
+                    "DELETE FROM delivery \
+                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+                )?;
+                for (position, ack_token) in acks {
+                    if delete.execute(params![group.as_str(), position, ack_token])? == 1
+                        || settle_set_aside(ctx.tx, group.as_str(), position, ack_token)? == 1
+                    {
+                        acked.insert((position, ack_token));
+                    }
+                }
+            }
             let mut claim = ctx.tx.prepare_cached(
                 "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
                    visible_at = ?4 + ?5 \
@@ -106,7 +124,11 @@ pub(crate) async fn claim(
                     claim_token: token,
                 });
             }
-            Ok((claimed, buried))
+            Ok(ClaimStep {
+                claimed,
+                buried,
+                acked,
+            })
         })
         .await?)
 }

@@ -351,3 +351,53 @@ pub async fn join_claim_tasks(
     assert_eq!(seen.len(), expected, "no message acked twice");
     run
 }
+
+/// Appends `count` non-matching messages to the topic (on Postgres with
+/// `WHARF_BENCH_BACKLOG_LOAD=sql`, one `INSERT ... SELECT` and a head bump).
+pub async fn load_backlog(test: &TestStore, queue: &Queue, count: usize) {
+    let topic = topic();
+    if let (true, Store::Postgres(s)) = (sql_backlog_load(), &test.store) {
+        let mut tx = s.pool().begin().await.unwrap();
+        let head: i64 = sqlx::query_scalar(
+            "INSERT INTO topic (name) VALUES ($1) ON CONFLICT (name) DO UPDATE SET head = topic.head \
+             RETURNING head",
+        )
+        .bind(TOPIC)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO message (topic, position, subject, payload, headers) \
+             SELECT $1, $2 + g, 'metrics/' || (g % 100) || '/temp', $3, $4 \
+             FROM generate_series(1, $5) g",
+        )
+        .bind(TOPIC)
+        .bind(head)
+        .bind(payload())
+        .bind(serde_json::to_value(headers()).unwrap())
+        .bind(count as i64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE topic SET head = head + $2 WHERE name = $1")
+            .bind(TOPIC)
+            .bind(count as i64)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        return;
+    }
+    let mut published = 0;
+    while published < count {
+        let n = BACKLOG_BATCH.min(count - published);
+        let batch: Vec<OutgoingMessage> = (published..published + n)
+            .map(|i| message(&format!("metrics/{}/temp", i % PATTERNS)))
+            .collect();
+        queue
+            .publish(&topic, &batch)
+            .await
+            .expect("publishing backlog");
+        published += n;
+    }
+}

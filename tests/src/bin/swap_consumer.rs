@@ -1,11 +1,13 @@
 //! A consumer process for the real-process swap tests (`tests/tests/swap_processes.rs`).
 //!
 //! `swap_consumer STORE_URL SCHEMA GROUP TOPIC HANDLE_MS OUT PATTERN...` consumes GROUP on TOPIC
-//! with the given binding set, one message at a time; each handler sleeps HANDLE_MS, then
+//! with the given binding set, one message at a time (`WHARF_QUEUE__*` variables change the
+//! queue section, e.g. `WHARF_QUEUE__CONCURRENCY`); each handler sleeps HANDLE_MS, then
 //! appends `position subject routed_by` to OUT (flushed and synced) and succeeds, so the message
 //! is acked after the line is durable. It prints its lifecycle states to stdout (`waiting`,
 //! `consuming <install>`, ...). SIGTERM shuts it down gracefully (drain, then leave); SIGKILL is
-//! the crash. SCHEMA is `-` on SQLite. Timings come from the usual `WHARF_*` variables.
+//! the crash. SCHEMA is `-` on SQLite. Timings come from the usual `WHARF_DECLARATIONS__*` and
+//! `WHARF_QUEUE__*` variables.
 
 use std::io::Write;
 use std::time::Duration;
@@ -22,15 +24,22 @@ async fn main() -> anyhow::Result<()> {
     let [url, schema, group, topic, handle_ms, out, patterns @ ..] = args.as_slice() else {
         anyhow::bail!("usage: swap_consumer STORE_URL SCHEMA GROUP TOPIC HANDLE_MS OUT PATTERN...");
     };
-    let env = std::env::vars().filter(|(name, _)| name.starts_with("WHARF_DECLARATIONS__"));
+    let env = std::env::vars().filter(|(name, _)| {
+        name.starts_with("WHARF_DECLARATIONS__") || name.starts_with("WHARF_QUEUE__")
+    });
     let mut config = Config::load(None, env)?;
     config.store.url = url.clone();
     if schema != "-" {
         config.store.schema = schema.clone();
     }
     config.store.auto_migrate = false;
-    config.queue.concurrency = 1;
-    config.queue.poll_interval = Duration::from_millis(50);
+    // One message at a time and a short poll, unless the caller says otherwise.
+    if std::env::var_os("WHARF_QUEUE__CONCURRENCY").is_none() {
+        config.queue.concurrency = 1;
+    }
+    if std::env::var_os("WHARF_QUEUE__POLL_INTERVAL").is_none() {
+        config.queue.poll_interval = Duration::from_millis(50);
+    }
     let handle = Duration::from_millis(handle_ms.parse().context("HANDLE_MS")?);
     let wharf = Wharf::open(&config).await?;
     let registration = Registration::new(group, topic, "1", patterns)?;
@@ -79,10 +88,12 @@ fn record(out: &str, message: &Claimed) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(out)?;
-    writeln!(
-        file,
-        "{} {} {}",
+    // One write of the whole line: handlers running at once append to the same file, and the
+    // pieces of a `writeln!` are separate writes that could interleave.
+    let line = format!(
+        "{} {} {}\n",
         message.position, message.subject, message.routed_by
-    )?;
+    );
+    file.write_all(line.as_bytes())?;
     file.sync_all()
 }
