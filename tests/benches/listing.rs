@@ -439,7 +439,11 @@ async fn cases(server: &Server, store: &Store, groups: &[FleetGroup]) -> Vec<Cas
     for g in &one_groups {
         let middle_position = middle_position(store, &g.name, g.events).await;
         for (label, after) in [("first page", 0), ("after the middle", middle_position)] {
-            let left = if after == 0 { g.events } else { g.events / 2 };
+            let left = if after == 0 {
+                g.events
+            } else {
+                g.events - g.events / 2
+            };
             out.push(Case {
                 label: format!("declarations of {}, {label}", g.name),
                 path: format!(
