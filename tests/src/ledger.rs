@@ -83,6 +83,15 @@ pub fn ledger(events: usize) -> impl Iterator<Item = (String, i64, DeclarationEv
 
 /// Appends `events` generated events to `store` in bulk.
 pub async fn load(store: &Store, events: usize) {
+    append_bulk(store, ledger(events)).await;
+}
+
+/// Appends `rows` (group, sequence, event), in position order, to `store` in bulk: the rows
+/// the register path writes, with no projection.
+pub async fn append_bulk<I>(store: &Store, rows: I)
+where
+    I: Iterator<Item = (String, i64, DeclarationEvent)> + Send + 'static,
+{
     let kind = |e: &DeclarationEvent| {
         if e.is_installed() {
             "DeclarationInstalled"
@@ -98,7 +107,7 @@ pub async fn load(store: &Store, events: usize) {
                      event_version, payload, metadata, recorded_at) \
                      VALUES (?1, ?2, ?3, ?4, '1.0', ?5, '{}', ?6)",
                 )?;
-                for (group, sequence, event) in ledger(events) {
+                for (group, sequence, event) in rows {
                     let payload = serde_json::to_string(&event).expect("payload");
                     insert.execute(rusqlite::params![
                         AGGREGATE_TYPE,
@@ -119,7 +128,7 @@ pub async fn load(store: &Store, events: usize) {
                 .expect("checkpointing the WAL");
         }
         Store::Postgres(s) => {
-            let mut rows = ledger(events).peekable();
+            let mut rows = rows.peekable();
             while rows.peek().is_some() {
                 let chunk: Vec<_> = rows.by_ref().take(10_000).collect();
                 let groups: Vec<&str> = chunk.iter().map(|r| r.0.as_str()).collect();

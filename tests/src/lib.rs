@@ -5,6 +5,7 @@
 //! When it cannot be reached the Postgres half of a test fails; it never skips.
 
 pub mod broker;
+pub mod fleet;
 pub mod ledger;
 pub mod prometheus_text;
 pub mod proxy;

@@ -6,7 +6,9 @@
 //!   JSON)` with custom and with generic plans; none may scan `events` or a listing table
 //!   sequentially, and each touches a bounded number of buffers. The former catch-up check,
 //!   `EXISTS (... position > (subquery))`, is run too, and must be caught: the detector works.
-//! - SQLite: `EXPLAIN QUERY PLAN` of the same statements shows no `SCAN` of those tables.
+//! - A group's history page (`QUERY_EVENTS`) is among them (no scan; on SQLite no sort).
+//! - SQLite: `EXPLAIN QUERY PLAN` of the same statements shows no `SCAN` of those tables and
+//!   no sort of what a search found (`USE TEMP B-TREE`).
 //!
 //! `SHOW_PLANS=1` prints the plan of every statement caught scanning.
 
@@ -77,6 +79,13 @@ async fn large_store_with_stale_statistics(conn: &mut sqlx::PgConnection) {
              started_at, heartbeat_at) SELECT 'g' || lpad(i::text, 6, '0'), 'i' || j, 't', '1', \
              ARRAY['a/#'], now(), now() FROM generate_series(1, {GROUPS}) i, generate_series(0, 2) j"
         ),
+        // A crash-looping deploy: one group inside the pages' range holds 20k waiting
+        // attempts, every one of a new declarer.
+        "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+         incumbent, declared_at, attempt_at, position) SELECT 'g005007', 'crash' || k, \
+         'waiting', '1', ARRAY['b/#'], ARRAY['a/#'], now() + k * interval '1 ms', now(), \
+         1000000 + k FROM generate_series(1, 20000) k"
+            .to_owned(),
         "INSERT INTO projection_checkpoint (projector, position) \
          SELECT 'declarer_attempts', MAX(position) FROM events"
             .to_owned(),
@@ -206,6 +215,33 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
             .await,
         );
     }
+    // The former page of waiting groups walked every waiting attempt from the cursor: past
+    // the crash-looping group, 20k of them. The bound must catch it.
+    let former_waiting = "SELECT DISTINCT ON (a.group_name) e.group_name FROM declarer_attempt a \
+         CROSS JOIN LATERAL (SELECT * FROM effective_declaration g \
+           WHERE g.group_name = a.group_name LIMIT 1) e \
+         WHERE a.status = 'waiting' AND a.group_name > $1 AND a.patterns <> e.patterns \
+         ORDER BY a.group_name LIMIT $2";
+    let former = root_buffers(&mut conn, former_waiting, args!["g005000", 101_i64]).await;
+    assert!(
+        former > PAGE,
+        "the bound must catch the former waiting page ({former} buffers)"
+    );
+    scanned.extend(
+        explain(
+            &mut conn,
+            "waiters of the crash-looping group",
+            PG_WAITERS,
+            PAGE,
+            args![
+                vec!["g005007".to_owned()],
+                none_at,
+                none_declarer.clone(),
+                101_i64
+            ],
+        )
+        .await,
+    );
     scanned.extend(
         explain(
             &mut conn,
@@ -236,7 +272,65 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
         )
         .await,
     );
+    // A group's history page: keyed by (aggregate, sequence) from the cursor's sequence, on
+    // an aggregate of 200 events spread over the whole ledger.
+    let aggregate = "b7";
+    let cursor: i64 = sqlx::query_scalar(
+        "SELECT position FROM events WHERE aggregate_type = 'bulk' AND aggregate_id = $1 \
+         ORDER BY sequence OFFSET 19 LIMIT 1",
+    )
+    .bind(aggregate)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let none_time: Option<chrono::DateTime<chrono::Utc>> = None;
+    // It runs unnamed, planned per call; with these statistics (taken while empty) Postgres
+    // may still read the aggregate's events through a bitmap (ADR 0036, open), never a scan.
+    for (what, after) in [
+        ("history, first page", 0_i64),
+        ("history after a cursor", cursor),
+    ] {
+        scanned.extend(
+            explain(
+                &mut conn,
+                what,
+                wharf::store::postgres::QUERY_EVENTS,
+                i64::MAX,
+                args![
+                    "bulk",
+                    aggregate,
+                    after,
+                    none_time,
+                    none_time,
+                    none_declarer.clone(),
+                    none_declarer.clone(),
+                    20_i64
+                ],
+            )
+            .await,
+        );
+    }
     assert!(scanned.is_empty(), "sequential scans: {scanned:?}");
+}
+
+/// The buffers `sql` touches under a custom plan.
+async fn root_buffers(
+    conn: &mut sqlx::PgConnection,
+    sql: &str,
+    args: impl Fn() -> PgArguments,
+) -> i64 {
+    sqlx::query("SET plan_cache_mode = force_custom_plan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let (plan,): (Value,) = sqlx::query_as_with(
+        &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"),
+        args(),
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    buffers(&plan[0]["Plan"])
 }
 
 #[tokio::test]
@@ -261,6 +355,13 @@ async fn sqlite_listing_reads_search_by_key() {
         ("one group", one_sql('?')),
         ("waiters", SQLITE_WAITERS.to_owned()),
         ("instances", SQLITE_INSTANCES.to_owned()),
+        ("history", wharf::store::sqlite::QUERY_EVENTS.to_owned()),
+        (
+            "a sort of the group's history (must be caught)",
+            "SELECT * FROM events WHERE aggregate_type = ?1 AND aggregate_id = ?2 \
+             AND position > ?3 ORDER BY position LIMIT ?4"
+                .to_owned(),
+        ),
         (
             "a scan (must be caught)",
             "SELECT COUNT(*) FROM events WHERE event_type = ?1".to_owned(),
@@ -284,10 +385,14 @@ async fn sqlite_listing_reads_search_by_key() {
         .await
         .unwrap();
     for (what, lines) in plans {
-        // `SCAN x` (with or without `USING ... INDEX`) reads every row of x; `SEARCH` is keyed.
+        // `SCAN x` (with or without `USING ... INDEX`) reads every row of x; `SEARCH` is keyed;
+        // a temporary B-tree sorts every row the search found before the first is returned.
         let scans: Vec<&String> = lines
             .iter()
-            .filter(|line| line.starts_with("SCAN ") && *line != "SCAN CONSTANT ROW")
+            .filter(|line| {
+                (line.starts_with("SCAN ") && *line != "SCAN CONSTANT ROW")
+                    || line.contains("TEMP B-TREE")
+            })
             .collect();
         if what.ends_with("(must be caught)") {
             assert!(!scans.is_empty(), "the detector missed a scan: {lines:?}");

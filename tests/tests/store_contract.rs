@@ -723,6 +723,37 @@ async fn reads_return_what_was_written_in_order(backend: Backend) {
         }
     }
     assert_eq!(paged, q);
+
+    // An `after_position` that is not one of the aggregate's events (another aggregate's, or
+    // beyond the head) still answers exactly the aggregate's events after that position.
+    for noise in everything.iter().filter(|e| e.aggregate_id == "other") {
+        let expected: Vec<RecordedEvent> = q
+            .iter()
+            .filter(|e| e.position > noise.position)
+            .cloned()
+            .collect();
+        let page = store
+            .query_events(
+                "audit",
+                "q",
+                EventQuery {
+                    after_position: noise.position,
+                    ..query(100)
+                },
+            )
+            .await
+            .expect("query after another aggregate's position");
+        assert_eq!(page, expected, "after position {}", noise.position);
+    }
+    let beyond = EventQuery {
+        after_position: last + 1,
+        ..query(100)
+    };
+    assert!(store
+        .query_events("audit", "q", beyond)
+        .await
+        .expect("query")
+        .is_empty());
 }
 
 on_both_backends!(

@@ -206,6 +206,32 @@ pub async fn read_after_in_tx(
 pub const CATCH_UP_CHECK: &str = "SELECT COALESCE((SELECT MAX(position) FROM events), 0), \
      COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $1), 0)";
 
+/// One aggregate's events after a position, filtered, in position order: `$1` type, `$2` id,
+/// `$3` the position to start after, `$4`/`$5` the recorded-at bounds, `$6`/`$7` a payload
+/// field and its value (each NULL: no filter), `$8` the count.
+///
+/// Within one aggregate, sequence order is position order (an append reads the aggregate's
+/// last sequence and takes its position under the append lock, after that event committed),
+/// so the read walks the aggregate's key `(type, id, sequence)` in order from the sequence of
+/// the event at `$3` (one keyed look-up; 0 when that position is not this aggregate's, where
+/// `position > $3` alone bounds the walk): a page costs its own rows however long the
+/// aggregate's ledger is. Ordering by position instead read and sorted every event of the
+/// aggregate (a 100k-event group: 17k buffers, 0.4 s).
+///
+/// It runs unnamed (planned per call). On a store whose statistics were never taken (a bulk
+/// load, a restore) the planner may still estimate a row or two for the aggregate and read
+/// all of its events through a bitmap and a sort, as before: open in ADR 0036 (a range form
+/// of the key made the scan of a short group run on past it, through the rest of the index).
+pub const QUERY_EVENTS: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
+     event_type, event_version, payload, metadata, recorded_at FROM events \
+     WHERE aggregate_type = $1 AND aggregate_id = $2 \
+     AND sequence > COALESCE((SELECT c.sequence FROM events c WHERE c.position = $3 \
+       AND c.aggregate_type = $1 AND c.aggregate_id = $2), 0) \
+     AND position > $3 \
+     AND ($4::timestamptz IS NULL OR recorded_at >= $4) \
+     AND ($5::timestamptz IS NULL OR recorded_at < $5) \
+     AND ($6::text IS NULL OR payload->>$6 = $7) ORDER BY sequence LIMIT $8";
+
 /// The events of a bounded position range, `$1 < position <= $2`, in position order. Both ends
 /// bound the index scan, so neither a generic plan nor statistics taken while the table was
 /// empty can turn it into a scan of every later row.
@@ -386,22 +412,20 @@ impl PgStore {
         query: EventQuery,
     ) -> Result<Vec<RecordedEvent>, StoreError> {
         let (field, value) = query.payload_field.unzip();
-        let rows = sqlx::query(&format!(
-            "{SELECT_EVENT} WHERE aggregate_type = $1 AND aggregate_id = $2 AND position > $3 \
-             AND ($4::timestamptz IS NULL OR recorded_at >= $4) \
-             AND ($5::timestamptz IS NULL OR recorded_at < $5) \
-             AND ($6::text IS NULL OR payload->>$6 = $7) ORDER BY position LIMIT $8"
-        ))
-        .bind(aggregate_type)
-        .bind(aggregate_id)
-        .bind(query.after_position)
-        .bind(query.since)
-        .bind(query.until)
-        .bind(field)
-        .bind(value)
-        .bind(query.limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = sqlx::query(QUERY_EVENTS)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .bind(query.after_position)
+            .bind(query.since)
+            .bind(query.until)
+            .bind(field)
+            .bind(value)
+            .bind(query.limit)
+            // Planned per call, for its values: a generic plan of this statement estimates a row
+            // or two and sorts every event of the aggregate (see `QUERY_EVENTS`).
+            .persistent(false)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(decode_event).collect()
     }
 

@@ -26,7 +26,7 @@ use crate::projector::PgProjector;
 
 pub use events::{
     append_in_tx, load_in_tx, lock_appends, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
-    EVENTS_IN_RANGE,
+    EVENTS_IN_RANGE, QUERY_EVENTS,
 };
 
 /// How a Postgres store connects.

@@ -118,6 +118,26 @@ pub fn read_after_in_tx(
 pub const CATCH_UP_CHECK: &str = "SELECT COALESCE((SELECT MAX(position) FROM events), 0), \
      COALESCE((SELECT position FROM projection_checkpoint WHERE projector = ?1), 0)";
 
+/// One aggregate's events after a position, filtered, in position order: `?1` type, `?2` id,
+/// `?3` the position to start after, `?4`/`?5` the recorded-at bounds (micros), `?6`/`?7` a
+/// payload field and its value (each NULL: no filter), `?8` the count.
+///
+/// Within one aggregate, sequence order is position order (one writer; an append reads the
+/// aggregate's last sequence), so the read walks the aggregate's key `(type, id, sequence)` in
+/// order from the sequence of the event at `?3` (one keyed look-up; 0 when that position is
+/// not this aggregate's, where `position > ?3` alone bounds the walk): a page costs its own
+/// rows however long the aggregate's ledger is. Ordering by position sorted every event of
+/// the aggregate.
+pub const QUERY_EVENTS: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
+     event_type, event_version, payload, metadata, recorded_at FROM events \
+     WHERE aggregate_type = ?1 AND aggregate_id = ?2 \
+     AND sequence > COALESCE((SELECT c.sequence FROM events c WHERE c.position = ?3 \
+       AND c.aggregate_type = ?1 AND c.aggregate_id = ?2), 0) \
+     AND position > ?3 \
+     AND (?4 IS NULL OR recorded_at >= ?4) AND (?5 IS NULL OR recorded_at < ?5) \
+     AND (?6 IS NULL OR json_extract(payload, '$.' || ?6) = ?7) \
+     ORDER BY sequence LIMIT ?8";
+
 /// The events of a bounded position range, `?1 < position <= ?2`, in position order (a range
 /// of the rowid).
 pub const EVENTS_IN_RANGE: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
@@ -290,12 +310,7 @@ impl SqliteStore {
         let (kind, id) = (aggregate_type.to_owned(), aggregate_id.to_owned());
         self.read(move |conn| {
             let (field, value) = query.payload_field.unzip();
-            let mut stmt = conn.prepare_cached(&format!(
-                "{SELECT_EVENT} WHERE aggregate_type = ?1 AND aggregate_id = ?2 AND position > ?3 \
-                 AND (?4 IS NULL OR recorded_at >= ?4) AND (?5 IS NULL OR recorded_at < ?5) \
-                 AND (?6 IS NULL OR json_extract(payload, '$.' || ?6) = ?7) \
-                 ORDER BY position LIMIT ?8"
-            ))?;
+            let mut stmt = conn.prepare_cached(QUERY_EVENTS)?;
             let rows = stmt.query_map(
                 params![
                     kind,

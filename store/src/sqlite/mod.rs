@@ -25,7 +25,7 @@ use crate::projector::SqliteProjector;
 
 pub use events::{
     append_in_tx, load_after_in_tx, load_in_tx, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
-    EVENTS_IN_RANGE,
+    EVENTS_IN_RANGE, QUERY_EVENTS,
 };
 
 /// A Wharf store in one SQLite file.
