@@ -203,7 +203,10 @@ impl PgProjector for SessionLeases {
         position: &str,
         statement: &mut CteStatement,
     ) -> Result<bool, StoreError> {
-        Self::pg_rows(event, position, statement)
+        // Everything this projector writes for the event is now in the statement (nothing,
+        // for an event it ignores): there is nothing to apply afterwards.
+        Self::pg_rows(event, position, statement)?;
+        Ok(true)
     }
 }
 

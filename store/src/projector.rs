@@ -84,7 +84,10 @@ pub trait PgProjector: Send + Sync {
     /// Writes this event's projection as data-modifying CTEs of the statement that inserts the
     /// event, instead of a statement of its own after it: one round trip fewer per append.
     /// `position` is the SQL expression of the event's position (the inserted row's, there).
-    /// Returns false, the default, for "apply me afterwards instead". An implementation must
+    /// Returns true when the statement now holds everything the projector writes for the event
+    /// (nothing, for an event it ignores), false, the default, for "apply me afterwards
+    /// instead": the optimistic executor's one-statement write needs every projector to fuse
+    /// (ADR 0037). An implementation must
     /// write exactly what `apply` writes: rebuilds replay through `apply` and
     /// `rebuild --verify` compares the two.
     fn fuse(
