@@ -60,47 +60,52 @@ type SettlingClaimRow = (
 /// row is NULL either way (nothing claimable), but cheaper to plan and run on every call
 /// (measured: the CTE form cost ~13% more per claim statement than the statement before the
 /// fence, this form ~6%).
-const CLAIM: &str = "WITH claimed AS ( \
-       UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
-         visible_at = clock_timestamp() + make_interval(secs => $5) \
-       WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
-         SELECT position FROM delivery \
-         WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-           AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
-           AND routed_by = (SELECT position FROM effective_declaration \
-             WHERE group_name = $1 AND ($6::bigint IS NULL OR position = $6)) \
-         ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-       RETURNING d.topic, d.position, d.attempts, d.routed_by) \
-     SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
+/// The claim's `claimed` CTE, with `$extra` added to the pick's conditions: one text for both
+/// statements below, so the fence and the floor cannot drift between them.
+macro_rules! claimed_cte {
+    ($extra:literal) => {
+        concat!(
+            "claimed AS ( \
+               UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
+                 visible_at = clock_timestamp() + make_interval(secs => $5) \
+               WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
+                 SELECT position FROM delivery \
+                 WHERE group_name = $1 AND visible_at <= clock_timestamp() \
+                   AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
+                   AND routed_by = (SELECT position FROM effective_declaration \
+                     WHERE group_name = $1 AND ($6::bigint IS NULL OR position = $6)) ",
+            $extra,
+            " ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
+               RETURNING d.topic, d.position, d.attempts, d.routed_by)"
+        )
+    };
+}
+
+const CLAIM: &str = concat!(
+    "WITH ",
+    claimed_cte!(""),
+    " SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
             m.headers::text, m.published_at \
-     FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position";
+     FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position"
+);
 
 /// [`CLAIM`] that first settles the acks `($7 positions, $8 tokens)` of the same group, in the
 /// same statement and so the same commit (ADR 0035): a consumer's acks ride on its next claim
 /// instead of a commit of their own. The acked positions are excluded from the claim's pick, so
 /// no row is both deleted and updated by the one statement (an expired claim being acked could
 /// otherwise be claimed again in it).
-const ACK_AND_CLAIM: &str = "WITH acked AS ( \
+const ACK_AND_CLAIM: &str = concat!(
+    "WITH acked AS ( \
        DELETE FROM delivery d USING unnest($7::bigint[], $8::bigint[]) AS s(position, token) \
        WHERE d.group_name = $1 AND d.position = s.position AND d.claim_token = s.token \
-       RETURNING d.position, d.claim_token), \
-     claimed AS ( \
-       UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
-         visible_at = clock_timestamp() + make_interval(secs => $5) \
-       WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
-         SELECT position FROM delivery \
-         WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-           AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
-           AND routed_by = (SELECT position FROM effective_declaration \
-             WHERE group_name = $1 AND ($6::bigint IS NULL OR position = $6)) \
-           AND position <> ALL($7::bigint[]) \
-         ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-       RETURNING d.topic, d.position, d.attempts, d.routed_by) \
-     SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
+       RETURNING d.position, d.claim_token), ",
+    claimed_cte!("AND position <> ALL($7::bigint[])"),
+    " SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
             m.headers::text, m.published_at, NULL::bigint \
      FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position \
      UNION ALL \
-     SELECT a.position, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.claim_token FROM acked a";
+     SELECT a.position, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.claim_token FROM acked a"
+);
 
 /// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
 /// (`(position, token)` of the same group) in the same statement; also reports how many
