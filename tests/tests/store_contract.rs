@@ -858,7 +858,7 @@ async fn catch_up_never_skips_a_late_commit(backend: Backend) {
                 "t",
                 "late",
                 0,
-                &[event("Late", json!({}))],
+                vec![event("Late", json!({}))],
             )
             .await
             .expect("append inside the raw transaction");
@@ -907,7 +907,7 @@ async fn catch_up_never_skips_a_late_commit(backend: Backend) {
                             "t",
                             "late",
                             0,
-                            &[event("Late", json!({}))],
+                            vec![event("Late", json!({}))],
                         )?;
                         let _ = appended_tx.send(late[0].position);
                         release_rx

@@ -25,6 +25,8 @@ pub async fn lock_appends(conn: &mut PgConnection) -> Result<(), StoreError> {
 
 /// Appends `events` after `last_sequence` and runs every inline projector on them, inside the
 /// caller's transaction. Takes the append lock. A taken sequence is [`StoreError::Conflict`].
+/// The events are taken by value: each payload moves into its recorded event, it is not copied
+/// (a copy of a 10,000-filter payload tree was a fifth of a large ledger write's client time).
 ///
 /// Each event is one statement: the append lock, the insert, and the projections of every
 /// projector that can [fuse](PgProjector::fuse) them; the others apply theirs afterwards.
@@ -34,11 +36,11 @@ pub async fn append_in_tx(
     aggregate_type: &str,
     aggregate_id: &str,
     last_sequence: i64,
-    events: &[NewEvent],
+    events: Vec<NewEvent>,
 ) -> Result<Vec<RecordedEvent>, StoreError> {
     let mut recorded = Vec::with_capacity(events.len());
     let mut apply_after: Vec<(usize, &Arc<dyn PgProjector>)> = Vec::new();
-    for (offset, event) in events.iter().enumerate() {
+    for (offset, event) in events.into_iter().enumerate() {
         let sequence = last_sequence + 1 + offset as i64;
         let pending = EventRef {
             position: None,
@@ -49,7 +51,7 @@ pub async fn append_in_tx(
             payload: &event.payload,
         };
         let mut statement = CteStatement::default();
-        let deferred = insert_ctes(projectors, &pending, event, &mut statement, None)?;
+        let deferred = insert_ctes(projectors, &pending, &event, &mut statement, None)?;
         apply_after.extend(deferred.into_iter().map(|p| (offset, p)));
         let (sql, args) = statement.finish("SELECT position, recorded_at FROM appended");
         let row = sqlx::query_with(&sql, args)
@@ -62,10 +64,10 @@ pub async fn append_in_tx(
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
             sequence,
-            event_type: event.event_type.clone(),
-            event_version: event.event_version.clone(),
-            payload: event.payload.clone(),
-            metadata: event.metadata.clone(),
+            event_type: event.event_type,
+            event_version: event.event_version,
+            payload: event.payload,
+            metadata: event.metadata,
         });
     }
     for (offset, projector) in apply_after {
@@ -377,7 +379,7 @@ impl PgStore {
             aggregate_type,
             aggregate_id,
             last_sequence,
-            &events,
+            events,
         )
         .await?;
         tx.commit().await?;

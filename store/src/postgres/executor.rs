@@ -15,7 +15,7 @@ use super::events::append_in_tx;
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::RecordedEvent;
-use crate::executor::{Decision, LockedAggregate, Snapshot};
+use crate::executor::{Decision, LockedAggregate, Snapshot, Write};
 use crate::projector::CteStatement;
 
 impl PgStore {
@@ -36,7 +36,7 @@ impl PgStore {
             Some(snapshot) => snapshot,
             None => read_again(&mut tx, &target).await?,
         };
-        let (write, value) = match decide(&snapshot) {
+        let (Write { events, extra }, value) = match decide(&snapshot) {
             Ok(decided) => decided,
             Err(e) => {
                 tx.rollback().await?;
@@ -49,10 +49,10 @@ impl PgStore {
             target.aggregate_type(),
             target.aggregate_id(),
             snapshot.last_sequence(),
-            &write.events,
+            events,
         )
         .await?;
-        if let Some(extra) = &write.extra {
+        if let Some(extra) = &extra {
             target.pg_write_extra(&mut tx, extra).await?;
         }
         tx.commit().await?;

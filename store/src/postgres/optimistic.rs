@@ -62,7 +62,7 @@ impl PgStore {
                 version: read.version,
                 last_sequence: read.snapshot.last_sequence(),
             };
-            checked.run(&mut conn, &write).await?;
+            checked.run(&mut conn, write).await?;
         }
         Ok(Ok(value))
     }
@@ -108,12 +108,8 @@ struct CheckedWrite<'a, A> {
 }
 
 impl<A: LockedAggregate> CheckedWrite<'_, A> {
-    async fn run(
-        &self,
-        conn: &mut PgConnection,
-        write: &Write<A::Extra>,
-    ) -> Result<(), StoreError> {
-        if let Some((sql, args)) = self.one_statement(write)? {
+    async fn run(&self, conn: &mut PgConnection, write: Write<A::Extra>) -> Result<(), StoreError> {
+        if let Some((sql, args)) = self.one_statement(&write)? {
             sqlx::query_with(&sql, args)
                 .execute(&mut *conn)
                 .await
@@ -134,7 +130,7 @@ impl<A: LockedAggregate> CheckedWrite<'_, A> {
             self.target.aggregate_type(),
             self.target.aggregate_id(),
             self.last_sequence,
-            &write.events,
+            write.events,
         )
         .await?;
         if let Some(extra) = &write.extra {

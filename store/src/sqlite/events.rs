@@ -24,14 +24,14 @@ pub fn append_in_tx(
     aggregate_type: &str,
     aggregate_id: &str,
     last_sequence: i64,
-    events: &[NewEvent],
+    events: Vec<NewEvent>,
 ) -> Result<Vec<RecordedEvent>, StoreError> {
     let mut recorded = Vec::with_capacity(events.len());
     let mut insert = tx.prepare_cached(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
          payload, metadata, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
-    for (offset, event) in events.iter().enumerate() {
+    for (offset, event) in events.into_iter().enumerate() {
         let sequence = last_sequence + 1 + offset as i64;
         let result = insert.execute(params![
             aggregate_type,
@@ -58,10 +58,10 @@ pub fn append_in_tx(
             aggregate_type: aggregate_type.to_owned(),
             aggregate_id: aggregate_id.to_owned(),
             sequence,
-            event_type: event.event_type.clone(),
-            event_version: event.event_version.clone(),
-            payload: event.payload.clone(),
-            metadata: event.metadata.clone(),
+            event_type: event.event_type,
+            event_version: event.event_version,
+            payload: event.payload,
+            metadata: event.metadata,
             recorded_at: from_micros(now.timestamp_micros()),
         });
     }
@@ -274,7 +274,7 @@ impl SqliteStore {
                 &kind,
                 &id,
                 last_sequence,
-                &events,
+                events,
             )
         })
         .await

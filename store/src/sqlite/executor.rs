@@ -55,7 +55,7 @@ impl SqliteStore {
                     kind,
                     id,
                     snapshot.last_sequence(),
-                    &write.events,
+                    write.events,
                 )?;
             }
             if let Some(extra) = &write.extra {
