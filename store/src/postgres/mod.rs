@@ -28,6 +28,7 @@ pub use events::{
     append_in_tx, load_in_tx, lock_appends, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
     EVENTS_IN_RANGE, QUERY_EVENTS,
 };
+pub use optimistic::snapshot_read_statement;
 
 /// How a Postgres store connects.
 #[derive(Debug, Clone)]

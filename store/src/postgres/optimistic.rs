@@ -68,6 +68,31 @@ impl PgStore {
     }
 }
 
+/// The unlocked snapshot read an optimistic attempt on `target` sends: its text and its
+/// parameters, exactly as [`PgStore::execute_optimistic`] builds them, so that a plan test (or
+/// an operator chasing a slow attempt) can `EXPLAIN` it on a connection of its own. `None` when
+/// the aggregate always runs locked (no [`PgLock::bump`]).
+#[doc(hidden)]
+pub fn snapshot_read_statement<A: LockedAggregate>(
+    target: &A,
+) -> Result<Option<(String, sqlx::postgres::PgArguments)>, StoreError> {
+    Ok(unlocked_read_statement(target)?.map(|(sql, args, _)| args.finish(&sql)))
+}
+
+/// The unlocked read's select, its parameters and the guard's refusal; `None` without a bump.
+fn unlocked_read_statement<A: LockedAggregate>(
+    target: &A,
+) -> Result<Option<(String, CteStatement, Option<String>)>, StoreError> {
+    let mut args = base_args(target)?;
+    let lock: PgLock = target.pg_lock(&mut args)?;
+    if lock.bump.is_none() {
+        return Ok(None);
+    }
+    let (columns, refusal) = snapshot_columns(target, &mut args)?;
+    let sql = format!("SELECT ({})::bigint, {columns}", lock.seen);
+    Ok(Some((sql, args, refusal)))
+}
+
 /// A snapshot read without the lock, and the version of the lock row it was read at.
 struct UnlockedRead<O> {
     version: i64,
@@ -80,18 +105,10 @@ async fn read_unlocked<A: LockedAggregate>(
     conn: &mut PgConnection,
     target: &A,
 ) -> Result<Option<UnlockedRead<A::Observed>>, StoreError> {
-    let mut args = base_args(target)?;
-    let lock: PgLock = target.pg_lock(&mut args)?;
-    if lock.bump.is_none() {
+    let Some((sql, args, refusal)) = unlocked_read_statement(target)? else {
         return Ok(None);
-    }
-    let (columns, refusal) = snapshot_columns(target, &mut args)?;
-    let row = fetch(
-        conn,
-        &format!("SELECT ({})::bigint, {columns}", lock.seen),
-        args,
-    )
-    .await?;
+    };
+    let row = fetch(conn, &sql, args).await?;
     let Some(version) = row.try_get::<Option<i64>, _>(0)? else {
         return Ok(None);
     };

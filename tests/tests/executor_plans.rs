@@ -1,0 +1,132 @@
+//! The plan of the executor's snapshot read on Postgres (ADR 0037), on a group whose stream
+//! has 100k events, with statistics taken while `events` was empty.
+//!
+//! A warm attempt (the process holds the group's state up to a recent sequence) must read only
+//! the events after that sequence and the stream's head by a walk of the key: a bounded number
+//! of buffers whatever the stream's length, under custom and generic plans alike. (The head
+//! was once `MAX(sequence)`, which the cold_register bench caught reading the whole stream on
+//! each attempt; on this table Postgres plans that form as a one-entry backward scan too, so
+//! the bound is shown to catch a read of the whole stream instead.)
+
+use serde_json::Value;
+use sqlx::postgres::PgArguments;
+use wharf::store::{GroupLock, Store};
+use wharf_store::postgres::snapshot_read_statement;
+use wharf_tests::{Backend, TestStore};
+
+/// Events in the long group's stream.
+const STREAM: i64 = 100_000;
+/// The sequence a warm attempt holds the state up to: ten events to fold.
+const HELD: i64 = STREAM - 10;
+/// What a warm snapshot may touch: the lock row, ten events, the head, the live instances.
+const WARM: i64 = 100;
+
+fn buffers(plan: &Value) -> i64 {
+    plan["Shared Hit Blocks"].as_i64().unwrap_or(0)
+        + plan["Shared Read Blocks"].as_i64().unwrap_or(0)
+}
+
+fn seq_scans_of_events(plan: &Value) -> usize {
+    let own = usize::from(plan["Node Type"] == "Seq Scan" && plan["Relation Name"] == "events");
+    own + plan["Plans"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(seq_scans_of_events)
+        .sum::<usize>()
+}
+
+fn warm_lock() -> GroupLock {
+    GroupLock {
+        group: "long".to_owned(),
+        topic: "orders".to_owned(),
+        instance_ttl: std::time::Duration::from_secs(30),
+        after_sequence: HELD,
+    }
+}
+
+/// The executor's statement, its text rewritten by `edit`.
+fn statement(edit: impl Fn(&str) -> String) -> (String, PgArguments) {
+    let (sql, args) = snapshot_read_statement(&warm_lock())
+        .expect("building the snapshot statement")
+        .expect("a group attempt runs optimistically");
+    (edit(&sql), args)
+}
+
+/// The root's buffers and its sequential scans of `events`, under each plan cache mode.
+async fn explain(
+    conn: &mut sqlx::PgConnection,
+    edit: impl Fn(&str) -> String,
+) -> Vec<(&'static str, i64, usize)> {
+    let mut found = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let (sql, args) = statement(&edit);
+        let (plan,): (Value,) = sqlx::query_as_with(
+            &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"),
+            args,
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("explaining {sql}: {e}"));
+        let root = &plan[0]["Plan"];
+        if std::env::var("SHOW_PLANS").is_ok() {
+            println!("{mode}: {plan}");
+        }
+        found.push((mode, buffers(root), seq_scans_of_events(root)));
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_warm_snapshot_read_is_bounded_whatever_the_streams_length() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(store) = &test.store else {
+        unreachable!("a Postgres test store")
+    };
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    // The long group's stream, and as many events of 1,000 other groups around it.
+    sqlx::query(
+        "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
+         payload, metadata) \
+         SELECT 'consumer_group', 'long', i, 'Bulk', '1', '{}'::json, '{}'::json \
+         FROM generate_series(1, $1) i \
+         UNION ALL \
+         SELECT 'consumer_group', 'g' || (i % 1000), i / 1000 + 1, 'Bulk', '1', '{}'::json, \
+           '{}'::json \
+         FROM generate_series(0, $1 - 1) i",
+    )
+    .bind(STREAM)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+
+    for (mode, buffers, scans) in explain(&mut conn, str::to_owned).await {
+        assert_eq!(scans, 0, "the warm snapshot ({mode}) scanned events");
+        assert!(
+            buffers <= WARM,
+            "the warm snapshot ({mode}) touched {buffers} buffers (bound {WARM})"
+        );
+    }
+
+    // The bound is not loose: the same statement without the held sequence (every event of
+    // the stream, as a read that ignored the held state would fetch) must break it.
+    let unbounded = |sql: &str| {
+        let replaced = sql.replace("AND sequence > $3", "AND sequence > 0");
+        assert_ne!(
+            replaced, sql,
+            "the statement's event range is not the one expected"
+        );
+        replaced
+    };
+    for (mode, buffers, scans) in explain(&mut conn, unbounded).await {
+        assert!(
+            scans > 0 || buffers > WARM,
+            "a read of the whole stream ({mode}) was not caught: {buffers} buffers"
+        );
+    }
+}
