@@ -238,6 +238,60 @@ fn suback_outcomes_are_recorded_per_filter_and_kept_in_history() {
 }
 
 #[test]
+fn a_suback_that_repeats_what_the_ledger_says_appends_only_what_changed() {
+    let granted = SubscribeOutcome::Granted { qos: Q1 };
+    let downgraded = SubscribeOutcome::Granted { qos: Q0 };
+    let refused = SubscribeOutcome::Refused { reason_code: 0x87 };
+    let history = vec![
+        seeded(&[]),
+        remembered_all(&[("a", Q1), ("b", Q1), ("c", Q1)]),
+        acked(&[("a", Q1, granted), ("b", Q1, granted), ("c", Q1, refused)]),
+    ];
+    // A reconnect granted the same: nothing to append.
+    given(history.clone())
+        .when(ManagedSessionCommand::RecordSubAck {
+            outcomes: vec![
+                (f("a"), Q1, granted),
+                (f("b"), Q1, granted),
+                (f("c"), Q1, refused),
+            ],
+        })
+        .then_expect_events(vec![]);
+    // One filter downgraded, one now granted: exactly those two, in the order given.
+    given(history.clone())
+        .when(ManagedSessionCommand::RecordSubAck {
+            outcomes: vec![
+                (f("c"), Q1, granted),
+                (f("a"), Q1, granted),
+                (f("b"), Q1, downgraded),
+            ],
+        })
+        .then_expect_events(vec![acked(&[("c", Q1, granted), ("b", Q1, downgraded)])]);
+}
+
+#[test]
+fn a_filter_remembered_again_records_its_next_suback_even_when_it_repeats_the_last() {
+    let granted = SubscribeOutcome::Granted { qos: Q1 };
+    let history = vec![
+        seeded(&[]),
+        remembered("a", Q1),
+        acked(&[("a", Q1, granted)]),
+        remembered("a", Q2),
+    ];
+    let state = ManagedSession::fold(history.iter());
+    assert_eq!(
+        state.history.expect("known")[&f("a")].last_ack,
+        None,
+        "remembered again: it awaits a new SUBACK"
+    );
+    given(history)
+        .when(ManagedSessionCommand::RecordSubAck {
+            outcomes: vec![(f("a"), Q1, granted)],
+        })
+        .then_expect_events(vec![acked(&[("a", Q1, granted)])]);
+}
+
+#[test]
 fn a_suback_for_a_filter_never_remembered_is_refused() {
     given(vec![seeded(&[])])
         .when(ManagedSessionCommand::RecordSubAck {

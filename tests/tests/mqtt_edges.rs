@@ -123,6 +123,54 @@ on_both_backends!(
     a_refused_subscribe_fails_the_reconcile_until_allowed
 );
 
+/// Every connection SUBSCRIBEs every desired filter again; a SUBACK that grants what the ledger
+/// already records appends nothing (ADR 0040), so a flapping link does not grow the ledger by
+/// one outcome per filter per reconnect.
+async fn a_reconnect_granted_the_same_appends_no_suback_record(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("edges-repeat");
+    let (a, b) = (format!("{root}/a/#"), format!("{root}/b/#"));
+    let mut broker = Broker::start(BrokerConfig::default().persistent());
+    let config = session_config(
+        &ts,
+        &broker.url(),
+        &unique("wharf-repeat"),
+        &[(&a, 1), (&b, 1)],
+        GRACE,
+    );
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    let runtime = &runtimes[0];
+    let first = wait_status(runtime, "Full", |s| s.level == SessionLevel::Full).await;
+    let before = ledger_events(&ts, &id).await;
+    let granted = SubscribeOutcome::Granted {
+        qos: Qos::AtLeastOnce,
+    };
+    assert_eq!(suback_outcomes(&before, &a), [granted], "{before:?}");
+    assert_eq!(suback_outcomes(&before, &b), [granted], "{before:?}");
+
+    blocking(|| broker.restart_with(BrokerConfig::default().persistent()));
+    let again = wait_status(runtime, "Full on a new connection", |s| {
+        s.level == SessionLevel::Full && s.generation != first.generation
+    })
+    .await;
+    assert!(again.last_reconcile.is_some_and(|r| r.converged));
+    let after = ledger_events(&ts, &id).await;
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "the second connection's SUBACK repeated the first: {after:?}"
+    );
+    shutdown(runtimes).await;
+}
+
+on_both_backends!(
+    a_reconnect_granted_the_same_appends_no_suback_record,
+    a_reconnect_granted_the_same_appends_no_suback_record
+);
+
 async fn a_qos_downgrade_fails_the_reconcile_with_history_kept(backend: Backend) {
     let ts = TestStore::new(backend).await;
     let filter = format!("{}/q/#", unique("edges-qos"));

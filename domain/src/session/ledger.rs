@@ -82,7 +82,8 @@ pub enum ManagedSessionCommand {
         /// Filter and requested QoS.
         filters: Vec<(ExactFilter, Qos)>,
     },
-    /// Record a SUBACK: filter, requested QoS, outcome.
+    /// Record a SUBACK: filter, requested QoS, outcome. Only the outcomes that differ from
+    /// the filter's last recorded one are appended (none: no event).
     RecordSubAck {
         /// One entry per acknowledged filter.
         outcomes: Vec<(ExactFilter, Qos, SubscribeOutcome)>,
@@ -257,10 +258,19 @@ impl ManagedSession {
             .ok_or(ManagedSessionError::HistoryUnknown)?;
         let mut entries = Vec::with_capacity(outcomes.len());
         for (filter, requested, outcome) in outcomes {
-            if !history.contains_key(filter) {
+            let Some(record) = history.get(filter) else {
                 return Err(ManagedSessionError::NotInHistory {
                     filter: filter.clone(),
                 });
+            };
+            // What the ledger already says about this filter is not said again: a reconnect
+            // that is granted what the last SUBACK granted appends nothing (ADR 0040).
+            let answer = Acknowledgement {
+                requested: *requested,
+                outcome: *outcome,
+            };
+            if record.last_ack == Some(answer) {
+                continue;
             }
             entries.push(SubAckEntry {
                 filter: filter.clone(),
@@ -382,7 +392,10 @@ impl Aggregate for ManagedSession {
             ManagedFilterEvent::FiltersRemembered { filters } => {
                 let history = self.history_mut();
                 for RememberedFilter { filter, qos } in filters {
-                    history.entry(filter).or_default().qos = Some(qos);
+                    // A filter remembered again awaits a new SUBACK, as its projected row says.
+                    let record = history.entry(filter).or_default();
+                    record.qos = Some(qos);
+                    record.last_ack = None;
                 }
             }
             ManagedFilterEvent::SubscribesAcknowledged { outcomes } => {
