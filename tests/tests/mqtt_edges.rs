@@ -564,7 +564,11 @@ async fn a_replay_through_a_removed_filter_is_held_then_dropped_after_a_recycle(
         s.level == SessionLevel::Full && s.dropped_unmatched == 1
     })
     .await;
-    assert_eq!((status.held, status.ingested), (1, 0), "{status:?}");
+    // Held once or twice: on the first connection when the broker's redelivery lands before
+    // the UNSUBSCRIBE and recycle, and again on the replacement within the window (it was
+    // held twice under load, 2026-12-01); never ingested.
+    assert!((1..=2).contains(&status.held), "{status:?}");
+    assert_eq!(status.ingested, 0, "{status:?}");
     shutdown(runtimes).await;
     let (_handle, mut deliveries) = resume_session(broker.port, &client).await;
     let marker = format!("{root}/plant/marker");
