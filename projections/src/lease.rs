@@ -59,6 +59,10 @@ impl SqliteProjector for SessionLeases {
         Self::TABLES
     }
 
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        Some(&[LEASE_AGGREGATE])
+    }
+
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
         let Some(decoded) = lease_event(&event.as_ref())? else {
             return Ok(());
@@ -187,6 +191,10 @@ impl PgProjector for SessionLeases {
 
     fn tables(&self) -> &'static [&'static str] {
         Self::TABLES
+    }
+
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        Some(&[LEASE_AGGREGATE])
     }
 
     async fn apply(

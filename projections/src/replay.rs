@@ -16,7 +16,7 @@ use sqlx::PgConnection;
 use wharf_domain::declaration::AGGREGATE_TYPE;
 use wharf_domain::DeclarationEvent;
 use wharf_store::projector::{PgReplay, SqliteReplay};
-use wharf_store::rebuild::{Decoded, ReplayEvent};
+use wharf_store::rebuild::{Decoded, ReplayEvent, ReplayTarget};
 use wharf_store::StoreError;
 
 /// The event's declaration, decoded once for both folds (`None` for other aggregates).
@@ -119,8 +119,13 @@ impl AttemptsFold {
         Ok(())
     }
 
+    /// The rows in key order (group, declarer; by bytes, which the database's collation may
+    /// order a little differently): a bulk load in about the primary key's order fills the
+    /// key's B-tree page by page instead of touching a random page per row.
     fn into_rows(self) -> impl Iterator<Item = (String, String, AttemptRow)> {
-        self.rows.into_iter().flat_map(|(group, rows)| {
+        let mut groups: Vec<_> = self.rows.into_iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        groups.into_iter().flat_map(|(group, rows)| {
             rows.into_iter()
                 .map(move |(declarer, row)| (group.clone(), declarer, row))
         })
@@ -152,6 +157,14 @@ pub struct EffectiveFold {
 }
 
 impl EffectiveFold {
+    /// The groups' rows in key order (see [`AttemptsFold::into_rows`]); a row's patterns are
+    /// already sorted (a normalized set), so its binding rows are too.
+    fn into_rows(self) -> Vec<(String, EffectiveRow)> {
+        let mut groups: Vec<_> = self.groups.into_iter().collect();
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        groups
+    }
+
     fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError> {
         let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event, decoded)?
         else {
@@ -228,7 +241,7 @@ impl SqliteReplay for EffectiveFold {
              previous, declared_at, attempt_at, position, installs) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?;
-        for (group, row) in self.groups {
+        for (group, row) in self.into_rows() {
             for pattern in &row.patterns {
                 binding.execute(params![group, pattern])?;
             }
@@ -341,7 +354,11 @@ impl PgReplay for AttemptsFold {
         AttemptsFold::fold(self, event, decoded)
     }
 
-    async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError> {
+    async fn write(
+        self: Box<Self>,
+        conn: &mut PgConnection,
+        target: ReplayTarget,
+    ) -> Result<(), StoreError> {
         let mut rows = CopyText::default();
         for (group, declarer, row) in self.into_rows() {
             rows.field(&group);
@@ -358,10 +375,13 @@ impl PgReplay for AttemptsFold {
             rows.field(&row.position.to_string());
             rows.end_row();
         }
+        let table = target.table("declarer_attempt");
         copy(
             conn,
-            "declarer_attempt (group_name, declarer, status, version, patterns, incumbent, \
-             declared_at, attempt_at, position)",
+            &format!(
+                "{table} (group_name, declarer, status, version, patterns, incumbent, \
+                 declared_at, attempt_at, position)"
+            ),
             rows,
         )
         .await
@@ -374,10 +394,14 @@ impl PgReplay for EffectiveFold {
         EffectiveFold::fold(self, event, decoded)
     }
 
-    async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError> {
+    async fn write(
+        self: Box<Self>,
+        conn: &mut PgConnection,
+        target: ReplayTarget,
+    ) -> Result<(), StoreError> {
         let mut bindings = CopyText::default();
         let mut effective = CopyText::default();
-        for (group, row) in self.groups {
+        for (group, row) in self.into_rows() {
             for pattern in &row.patterns {
                 bindings.field(&group);
                 bindings.field(pattern);
@@ -398,11 +422,15 @@ impl PgReplay for EffectiveFold {
             effective.field(&row.installs.to_string());
             effective.end_row();
         }
-        copy(conn, "binding (group_name, pattern)", bindings).await?;
+        let binding = target.table("binding");
+        copy(conn, &format!("{binding} (group_name, pattern)"), bindings).await?;
+        let table = target.table("effective_declaration");
         copy(
             conn,
-            "effective_declaration (group_name, topic, declarer, version, patterns, previous, \
-             declared_at, attempt_at, position, installs)",
+            &format!(
+                "{table} (group_name, topic, declarer, version, patterns, previous, \
+                 declared_at, attempt_at, position, installs)"
+            ),
             effective,
         )
         .await

@@ -62,6 +62,10 @@ impl SqliteProjector for ManagedSessions {
         Self::TABLES
     }
 
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        Some(&[MANAGED_SESSION_AGGREGATE])
+    }
+
     fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
         let Some(decoded) = session_event(&event.as_ref())? else {
             return Ok(());
@@ -323,6 +327,10 @@ impl PgProjector for ManagedSessions {
 
     fn tables(&self) -> &'static [&'static str] {
         Self::TABLES
+    }
+
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        Some(&[MANAGED_SESSION_AGGREGATE])
     }
 
     async fn apply(

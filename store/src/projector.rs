@@ -14,7 +14,7 @@ use sqlx::{Arguments, Encode, PgConnection, Postgres, Type};
 
 use crate::error::StoreError;
 use crate::event::{EventRef, RecordedEvent};
-use crate::rebuild::{Decoded, ReplayEvent};
+use crate::rebuild::{Decoded, ReplayEvent, ReplayTarget};
 
 /// A projector over a SQLite transaction.
 pub trait SqliteProjector: Send + Sync {
@@ -39,6 +39,13 @@ pub trait SqliteProjector: Send + Sync {
     fn replay(&self) -> Option<Box<dyn SqliteReplay>> {
         None
     }
+    /// The aggregate types whose events `apply` acts on, or `None` (the default) for "any".
+    /// A rebuild hands a projector applied event by event only those, and skips building the
+    /// event (parsing its JSON) for the others: `apply` must ignore every event of a type
+    /// not listed.
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        None
+    }
 }
 
 /// A set-based replay of one SQLite projector: folds every event, in position order, in
@@ -58,8 +65,13 @@ pub trait PgReplay: Send {
     /// Folds one event (ignoring events the projector does not care about); `decoded` is the
     /// event's scratch, shared with the other replays.
     fn fold(&mut self, event: &ReplayEvent<'_>, decoded: &mut Decoded) -> Result<(), StoreError>;
-    /// Writes the folded rows.
-    async fn write(self: Box<Self>, conn: &mut PgConnection) -> Result<(), StoreError>;
+    /// Writes the folded rows into `target`'s tables (each of its tables, by
+    /// [`ReplayTarget::table`]).
+    async fn write(
+        self: Box<Self>,
+        conn: &mut PgConnection,
+        target: ReplayTarget,
+    ) -> Result<(), StoreError>;
 }
 
 /// A projector over a Postgres transaction.
@@ -100,6 +112,11 @@ pub trait PgProjector: Send + Sync {
     }
     /// A set-based replay for rebuilds, or `None` (the default) to be applied event by event.
     fn replay(&self) -> Option<Box<dyn PgReplay>> {
+        None
+    }
+    /// The aggregate types whose events `apply` acts on, or `None` (the default) for "any";
+    /// see [`SqliteProjector::aggregate_types`].
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
         None
     }
 }

@@ -57,9 +57,34 @@ impl RebuildReport {
 /// How many positions a rebuild reads per page (a bounded range of the position index).
 pub(crate) const REBUILD_PAGE: i64 = 10_000;
 
-/// The name of the snapshot copy of `table` used by Verify.
+/// Whether a projector that acts on `types` (`None`: any) acts on an event of `aggregate_type`.
+pub(crate) fn wants(types: Option<&[&str]>, aggregate_type: &str) -> bool {
+    types.is_none_or(|types| types.contains(&aggregate_type))
+}
+
+/// The name of the copy of `table` Verify compares with it.
 pub(crate) fn snapshot_table(table: &str) -> String {
     format!("wharf_verify_{table}")
+}
+
+/// Where a set-based replay writes its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayTarget {
+    /// Into the projector's own (reset) tables: a rebuild.
+    Live,
+    /// Into an unindexed temporary copy of each table, beside the untouched live rows: a
+    /// verify, which compares the two and keeps neither.
+    Aside,
+}
+
+impl ReplayTarget {
+    /// The table the replay writes `table`'s rows into.
+    pub fn table(self, table: &str) -> String {
+        match self {
+            Self::Live => table.to_owned(),
+            Self::Aside => snapshot_table(table),
+        }
+    }
 }
 
 /// An event as a set-based replay sees it: the payload is the JSON text the ledger holds,

@@ -14,6 +14,9 @@
 //!   rebuilds);
 //! - rebuild (first): into empty projections; rebuild: over existing ones; verify.
 //!
+//! - the group snapshots (ADR 0034): their re-derive after a rebuild and their check in a
+//!   verify, timed apart (the CLI runs them after the projections' transaction).
+//!
 //! Before each timed round the store is put at rest (`settle`: Postgres `VACUUM` of the
 //! projection tables and `CHECKPOINT`, SQLite a WAL checkpoint), outside the timing.
 //!
@@ -128,6 +131,26 @@ async fn timed_rebuild(test: &TestStore, mode: RebuildMode) -> f64 {
     seconds
 }
 
+/// The group snapshots' part of a rebuild and of a verify (ADR 0034), timed apart: the
+/// re-derive at `snapshot_every` (the CLI's, default 1000; `WHARF_BENCH_SNAPSHOT_EVERY`), then
+/// the check of every saved state. Returns (seconds, states written, seconds, states checked).
+async fn timed_snapshots(test: &TestStore) -> (f64, u64, f64, u64) {
+    let every = std::env::var("WHARF_BENCH_SNAPSHOT_EVERY")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    let read = test.wharf().read_model().clone();
+    settle(&test.store).await;
+    let start = Instant::now();
+    let written = read.rederive_snapshots(every).await.expect("re-derive");
+    let rederive = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let report = read.verify_snapshots().await.expect("verify snapshots");
+    let verify = start.elapsed().as_secs_f64();
+    assert!(report.is_clean(), "snapshots differ: {:?}", report.wrong);
+    (rederive, written, verify, report.checked)
+}
+
 /// The median of `runs` timed calls of `read`, in milliseconds.
 async fn median_ms<F, Fut>(runs: usize, mut read: F) -> f64
 where
@@ -195,6 +218,7 @@ async fn main() {
     );
     println!("|---|---|---|---|---|---|");
     let mut listings = Vec::new();
+    let mut snapshots = Vec::new();
     for backend in backends() {
         for events in sizes() {
             let test = TestStore::new(backend).await;
@@ -209,6 +233,10 @@ async fn main() {
             let first = timed_rebuild(&test, RebuildMode::Apply).await;
             let again = timed_rebuild(&test, RebuildMode::Apply).await;
             let verify = timed_rebuild(&test, RebuildMode::Verify).await;
+            let (rederive, written, checked_s, checked) = timed_snapshots(&test).await;
+            snapshots.push(format!(
+                "| {backend:?} | {events} | {rederive:.3} ({written}) | {checked_s:.3} ({checked}) |"
+            ));
             let (after, _) = raw_read(&test.store).await;
             listings.push(format!(
                 "| {backend:?} | {events} | {} |",
@@ -222,6 +250,14 @@ async fn main() {
                 raw / verify,
             );
         }
+    }
+    println!();
+    println!(
+        "| backend | events | snapshots re-derive s (written) | snapshots verify s (checked) |"
+    );
+    println!("|---|---|---|---|");
+    for line in snapshots {
+        println!("{line}");
     }
     println!();
     println!("| backend | events | first page ms | page after the middle ms | waiting page ms | one group ms |");

@@ -267,21 +267,41 @@ type RawTuple = (
     chrono::DateTime<chrono::Utc>,
 );
 
-/// Reads the rows with `after < position <= through` for a rebuild, JSON as text.
-pub(crate) async fn read_raw_range_in_tx(
+/// The name of the cursor a rebuild reads the log through (one per transaction at a time).
+const REBUILD_CURSOR: &str = "wharf_rebuild_events";
+
+/// Opens the rebuild's cursor over the rows with `after < position <= through`, in position
+/// (= commit) order, JSON as text. One ordered walk of the position key for the whole replay,
+/// as a plain streamed read does, instead of a statement per range: each range read was
+/// planned on the table's size (a bitmap scan, a sort, parallel workers per page), so it cost
+/// more per page as the log grew. The plan is pinned to the key's order (no sort, no bitmap)
+/// while the cursor is declared; the settings are put back before anything else runs.
+pub(crate) async fn open_rebuild_cursor(
     conn: &mut PgConnection,
     after: i64,
     through: i64,
-) -> Result<Vec<RawRow>, StoreError> {
-    let rows: Vec<RawTuple> = sqlx::query_as(
-        "SELECT position, aggregate_type, aggregate_id, sequence, event_type, event_version, \
+) -> Result<(), StoreError> {
+    sqlx::raw_sql(&format!(
+        "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; \
+         DECLARE {REBUILD_CURSOR} NO SCROLL CURSOR FOR \
+         SELECT position, aggregate_type, aggregate_id, sequence, event_type, event_version, \
          payload::text, metadata::text, recorded_at FROM events \
-         WHERE position > $1 AND position <= $2 ORDER BY position",
-    )
-    .bind(after)
-    .bind(through)
-    .fetch_all(conn)
+         WHERE position > {after} AND position <= {through} ORDER BY position; \
+         RESET enable_sort; RESET enable_bitmapscan"
+    ))
+    .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+/// The next `limit` rows of the rebuild's cursor (fewer, or none, at its end).
+pub(crate) async fn fetch_rebuild_cursor(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<RawRow>, StoreError> {
+    let rows: Vec<RawTuple> = sqlx::query_as(&format!("FETCH {limit} FROM {REBUILD_CURSOR}"))
+        .fetch_all(conn)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|r| RawRow {
@@ -296,6 +316,14 @@ pub(crate) async fn read_raw_range_in_tx(
             recorded_at: r.8,
         })
         .collect())
+}
+
+/// Closes the rebuild's cursor.
+pub(crate) async fn close_rebuild_cursor(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::raw_sql(&format!("CLOSE {REBUILD_CURSOR}"))
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {

@@ -5,20 +5,24 @@ use std::sync::Arc;
 use sqlx::PgConnection;
 
 use super::events::{
-    custom_plans, lock_appends, lock_checkpoint, read_raw_range_in_tx, set_checkpoint,
+    close_rebuild_cursor, custom_plans, fetch_rebuild_cursor, lock_appends, lock_checkpoint,
+    open_rebuild_cursor, set_checkpoint,
 };
 use super::PgStore;
 use crate::error::StoreError;
 use crate::projector::{PgProjector, PgReplay};
 use crate::rebuild::{
-    snapshot_table, Decoded, Progress, RebuildMode, RebuildReport, TableDifference, REBUILD_PAGE,
+    snapshot_table, wants, Decoded, Progress, RebuildMode, RebuildReport, ReplayTarget,
+    TableDifference, REBUILD_PAGE,
 };
 
 impl PgStore {
     /// Rebuilds the inline projectors and the given catch-up projectors from the whole log,
     /// holding the append lock so no event lands mid-replay. Readers keep the old rows until
     /// commit (MVCC); Verify rolls back. Projectors with a set-based replay fold the log in
-    /// memory and write their rows in bulk at the end; the others apply event by event.
+    /// memory and write their rows in bulk at the end (on Verify into unindexed temporary
+    /// copies of their tables, compared with the untouched live rows); the others apply event
+    /// by event into their reset tables (on Verify after a copy of the live rows is kept).
     pub async fn rebuild(
         &self,
         catch_up: Vec<Arc<dyn PgProjector>>,
@@ -47,27 +51,44 @@ impl PgStore {
             .cloned()
             .chain(catch_up.iter().cloned())
             .collect();
-        let tables: Vec<&str> = all
-            .iter()
-            .flat_map(|p| p.tables().iter().copied())
-            .collect();
-        if mode == RebuildMode::Verify {
-            for table in &tables {
-                sqlx::raw_sql(&format!(
-                    "CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT * FROM {table}",
-                    snapshot_table(table)
-                ))
-                .execute(&mut *tx)
-                .await?;
+        let mut steps: Vec<Step> = all.iter().map(Step::of).collect();
+        let target = match mode {
+            RebuildMode::Apply => ReplayTarget::Live,
+            RebuildMode::Verify => ReplayTarget::Aside,
+        };
+        // What Verify compares, per table: (table, live rows, replayed rows).
+        let mut compared: Vec<(&str, String, String)> = Vec::new();
+        for (projector, step) in all.iter().zip(&steps) {
+            let folded_aside = mode == RebuildMode::Verify && matches!(step, Step::Fold(..));
+            for &table in projector.tables() {
+                let copy = snapshot_table(table);
+                if folded_aside {
+                    // The fold writes into an unindexed copy and the live rows stay as they
+                    // are: no delete, no index upkeep, no copy of the live table.
+                    sqlx::raw_sql(&format!(
+                        "CREATE TEMP TABLE {copy} \
+                         (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP"
+                    ))
+                    .execute(&mut *tx)
+                    .await?;
+                    compared.push((table, table.to_owned(), copy));
+                } else if mode == RebuildMode::Verify {
+                    // Applied event by event into its own tables: keep the live rows aside.
+                    sqlx::raw_sql(&format!(
+                        "CREATE TEMP TABLE {copy} ON COMMIT DROP AS SELECT * FROM {table}"
+                    ))
+                    .execute(&mut *tx)
+                    .await?;
+                    compared.push((table, copy, table.to_owned()));
+                }
+            }
+            if !folded_aside {
+                projector.reset(&mut tx).await?;
             }
         }
         let total: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM events")
             .fetch_one(&mut *tx)
             .await?;
-        for projector in &all {
-            projector.reset(&mut tx).await?;
-        }
-        let mut steps: Vec<Step> = all.iter().map(Step::of).collect();
         let done = std::sync::atomic::AtomicU64::new(0);
         replay(&mut tx, &mut steps, 0, head, &|n| {
             let so_far = done.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
@@ -75,7 +96,7 @@ impl PgStore {
         })
         .await?;
         for step in steps {
-            step.write(&mut tx).await?;
+            step.write(&mut tx, target).await?;
         }
         for projector in &catch_up {
             set_checkpoint(&mut tx, projector.name(), head).await?;
@@ -88,7 +109,7 @@ impl PgStore {
                 sqlx::query("SET LOCAL work_mem = '256MB'")
                     .execute(&mut *tx)
                     .await?;
-                compare(&mut tx, &tables).await?
+                compare(&mut tx, &compared).await?
             }
         };
         match mode {
@@ -120,10 +141,10 @@ impl Step {
         }
     }
 
-    async fn write(self, conn: &mut PgConnection) -> Result<(), StoreError> {
+    async fn write(self, conn: &mut PgConnection, target: ReplayTarget) -> Result<(), StoreError> {
         match self {
             Self::Fold(name, fold) => fold
-                .write(conn)
+                .write(conn, target)
                 .await
                 .map_err(|e| StoreError::in_projector(name, e)),
             Self::Apply(_) => Ok(()),
@@ -131,8 +152,9 @@ impl Step {
     }
 }
 
-/// Replays the events with `after < position <= head` into `steps`, a bounded range of
-/// positions per read.
+/// Replays the events with `after < position <= head` into `steps`, through one cursor read
+/// a page at a time (so that projectors applied event by event can write between pages on
+/// the same connection).
 async fn replay(
     conn: &mut PgConnection,
     steps: &mut [Step],
@@ -140,10 +162,15 @@ async fn replay(
     head: i64,
     on_page: &(dyn Fn(u64) + Sync),
 ) -> Result<(), StoreError> {
-    let mut from = after;
-    while from < head {
-        let through = head.min(from.saturating_add(REBUILD_PAGE));
-        let page = read_raw_range_in_tx(conn, from, through).await?;
+    if after >= head {
+        return Ok(());
+    }
+    open_rebuild_cursor(conn, after, head).await?;
+    loop {
+        let page = fetch_rebuild_cursor(conn, REBUILD_PAGE).await?;
+        if page.is_empty() {
+            break;
+        }
         for row in &page {
             let event = row.replay();
             let mut decoded = Decoded::default();
@@ -154,6 +181,9 @@ async fn replay(
                         .fold(&event, &mut decoded)
                         .map_err(|e| StoreError::in_projector(name, e))?,
                     Step::Apply(projector) => {
+                        if !wants(projector.aggregate_types(), event.aggregate_type) {
+                            continue;
+                        }
                         if recorded.is_none() {
                             recorded = Some(row.recorded()?);
                         }
@@ -168,25 +198,25 @@ async fn replay(
             }
         }
         on_page(page.len() as u64);
-        from = through;
     }
-    Ok(())
+    close_rebuild_cursor(conn).await
 }
 
+/// Counts, per compared table, the rows only the live side holds and those only the replay
+/// produced (multisets: a duplicated row counts).
 async fn compare(
     conn: &mut PgConnection,
-    tables: &[&str],
+    compared: &[(&str, String, String)],
 ) -> Result<Vec<TableDifference>, StoreError> {
     let mut differences = Vec::new();
-    for table in tables {
-        let snapshot = snapshot_table(table);
+    for (table, live, rebuilt) in compared {
         let only_live: i64 = sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM (SELECT * FROM {snapshot} EXCEPT ALL SELECT * FROM {table}) d"
+            "SELECT COUNT(*) FROM (SELECT * FROM {live} EXCEPT ALL SELECT * FROM {rebuilt}) d"
         ))
         .fetch_one(&mut *conn)
         .await?;
         let only_rebuilt: i64 = sqlx::query_scalar(&format!(
-            "SELECT COUNT(*) FROM (SELECT * FROM {table} EXCEPT ALL SELECT * FROM {snapshot}) d"
+            "SELECT COUNT(*) FROM (SELECT * FROM {rebuilt} EXCEPT ALL SELECT * FROM {live}) d"
         ))
         .fetch_one(&mut *conn)
         .await?;

@@ -7,7 +7,8 @@ use super::SqliteStore;
 use crate::error::StoreError;
 use crate::projector::{SqliteProjector, SqliteReplay};
 use crate::rebuild::{
-    snapshot_table, Decoded, Progress, RebuildMode, RebuildReport, TableDifference, REBUILD_PAGE,
+    snapshot_table, wants, Decoded, Progress, RebuildMode, RebuildReport, TableDifference,
+    REBUILD_PAGE,
 };
 
 impl SqliteStore {
@@ -135,6 +136,9 @@ fn replay(
                         .fold(&event, &mut decoded)
                         .map_err(|e| StoreError::in_projector(name, e))?,
                     Step::Apply(projector) => {
+                        if !wants(projector.aggregate_types(), event.aggregate_type) {
+                            continue;
+                        }
                         if recorded.is_none() {
                             recorded = Some(row.recorded()?);
                         }
