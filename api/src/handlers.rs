@@ -189,8 +189,11 @@ async fn declarations(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let query = params::history_query(group.clone(), &pairs)?;
-    ensure_declared(&state, &group).await?;
-    let page = state.read_model().history(&query).await?;
+    // The check and the page are independent reads: side by side, not one after the other
+    // (the page of a group never declared is empty and is dropped).
+    let (_, page) = tokio::try_join!(ensure_declared(&state, &group), async {
+        Ok::<_, ApiError>(state.read_model().history(&query).await?)
+    })?;
     Ok(Json(page))
 }
 

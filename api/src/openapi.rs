@@ -547,8 +547,8 @@ mod tests {
             effective: view.effective.clone(),
             waiters: count,
             oldest_waiter: None,
-            instances: count,
-            live_instances: count,
+            instances: 2,
+            live_instances: 1,
         };
         let detail = crate::views::GroupDetail::new(view, Vec::new());
         let detail = serde_json::to_value(detail).unwrap_or_default();

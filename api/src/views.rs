@@ -281,8 +281,8 @@ mod tests {
             effective: view.effective,
             waiters: none,
             oldest_waiter: None,
-            instances: none,
-            live_instances: none,
+            instances: 0,
+            live_instances: 0,
         }
     }
 

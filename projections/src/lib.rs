@@ -249,8 +249,14 @@ impl ReadModel {
         Ok(summary::page(read, query.limit))
     }
 
+    /// The instance TTL in microseconds, at most a thousand years (a longer one would not fit
+    /// a Postgres interval; every heartbeat is that fresh anyway).
     fn ttl_micros(&self) -> i64 {
-        self.instance_ttl.num_microseconds().unwrap_or(i64::MAX)
+        const THOUSAND_YEARS: i64 = 1_000 * 366 * 24 * 3_600 * 1_000_000;
+        self.instance_ttl
+            .num_microseconds()
+            .unwrap_or(i64::MAX)
+            .min(THOUSAND_YEARS)
     }
 
     async fn read_summaries(

@@ -1,6 +1,6 @@
 //! The group listing's page as summaries (ADR 0038): per group its effective declaration,
-//! how many open waiters and instances it has (counted up to [`COUNT_CAP`]), and its oldest
-//! open waiter; the lists themselves are the one-group read's (`ReadModel::group_members`).
+//! how many open waiters it has (counted up to [`COUNT_CAP`]) and its oldest one, and how many
+//! instances it has, live and all; the lists themselves are the one-group read's (`ReadModel::group_members`).
 //!
 //! A page is one read: on Postgres one statement that also answers the catch-up check (the
 //! log's head and the checkpoint of the catch-up projector) and the store's clock; on SQLite
@@ -8,8 +8,9 @@
 //! discarded, the projector catches up, and the page is read again, so a caller still reads
 //! its own writes (ADR 0003) without a round trip of its own for the check.
 //!
-//! Every count is bounded: at most `COUNT_CAP + 1` index entries per list, so a page costs
-//! its groups, not their waiters (a crash-looping group has 100k).
+//! The waiter count is bounded: at most `COUNT_CAP + 1` index entries, so a page costs its
+//! groups, not their waiters (a crash-looping group has 100k). Instances are counted exactly:
+//! they are a group's fleet, not its history.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, TransactionBehavior};
@@ -61,10 +62,10 @@ pub struct GroupSummary {
     /// The open waiter that first stated its set earliest (ties by declarer); null when none.
     #[cfg_attr(feature = "openapi", schema(required = true))]
     pub oldest_waiter: Option<WaiterView>,
-    /// Its recorded worker instances, live or not.
-    pub instances: MemberCount,
-    /// Those of its instances whose newest heartbeat is fresher than the instance TTL.
-    pub live_instances: MemberCount,
+    /// How many worker instances it has recorded, live or not.
+    pub instances: u64,
+    /// How many of them have a newest heartbeat fresher than the instance TTL.
+    pub live_instances: u64,
 }
 
 /// One page of the group listing.
@@ -127,8 +128,8 @@ pub(crate) fn page(read: Snapshot<Vec<SummaryRow>>, limit: u32) -> SummaryPage {
                     declared_at: w.declared_at,
                     last_attempt_at: w.attempt_at,
                 }),
-                instances: MemberCount::of(row.instances),
-                live_instances: MemberCount::of(row.live),
+                instances: u64::try_from(row.instances).unwrap_or(0),
+                live_instances: u64::try_from(row.live).unwrap_or(0),
                 effective: EffectiveView {
                     whole_topic: e.patterns.is_empty(),
                     patterns: e.patterns,
@@ -160,9 +161,10 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// waiting attempts in key order: the `ORDER BY` is what keeps it an index scan that stops at
 /// the cap, where an unordered count under a `LIMIT` was planned as a bitmap of every entry
 /// (all 20k waiting attempts of a crash-looping group); the oldest waiter is the first row of
-/// that walk (a window count over at most `COUNT_CAP + 1` rows). The instance counts read the
-/// group's `worker_instance` rows by key (a bitmap: its live fleet and the rows not yet
-/// reaped, as the instance page reads them, not its history).
+/// that walk (a window count over at most `COUNT_CAP + 1` rows). The instances are counted
+/// exactly, live and all in one aggregate over the group's `worker_instance` rows by key
+/// (its fleet and the rows not yet reaped, not its history; a `LIMIT` would not bound it:
+/// the planner reads them through a bitmap either way).
 pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
     let page = page_sql('$', topic, waiting);
     let (projector, ttl) = if topic { ("$4", "$5") } else { ("$3", "$4") };
@@ -175,13 +177,11 @@ pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
            p.patterns, p.previous, p.declared_at, p.attempt_at, p.position, p.installs, \
            COALESCE(o.waiters, 0), \
            o.declarer, o.version, o.patterns, o.incumbent, o.declared_at, o.attempt_at, \
-           (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
-              WHERE i.group_name = p.group_name LIMIT {FETCH_CAP}) c) AS instances, \
-           (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
-              WHERE i.group_name = p.group_name \
-              AND i.heartbeat_at > m.now - {ttl}::bigint * interval '1 microsecond' \
-              LIMIT {FETCH_CAP}) c) AS live \
+           COALESCE(c.instances, 0), COALESCE(c.live, 0) \
          FROM meta m LEFT JOIN LATERAL ({page}) p ON true \
+         LEFT JOIN LATERAL (SELECT COUNT(*) AS instances, COUNT(*) FILTER ( \
+             WHERE i.heartbeat_at > m.now - {ttl}::bigint * interval '1 microsecond') AS live \
+           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true \
          LEFT JOIN LATERAL (SELECT w.*, COUNT(*) OVER () AS waiters FROM ( \
              SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, \
                a.attempt_at FROM declarer_attempt a \
@@ -198,13 +198,9 @@ pub const SQLITE_COUNT_WAITERS: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM decl
      WHERE a.group_name = ?1 AND a.status = 'waiting' AND a.patterns <> \
        (SELECT e.patterns FROM effective_declaration e WHERE e.group_name = ?1) LIMIT 101)";
 
-/// A group's instances, counted up to the cap: `?1` the group.
-pub const SQLITE_COUNT_INSTANCES: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance \
-     WHERE group_name = ?1 LIMIT 101)";
-
-/// A group's live instances (heartbeat after `?2`, in microseconds), counted up to the cap.
-pub const SQLITE_COUNT_LIVE: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance \
-     WHERE group_name = ?1 AND heartbeat_at > ?2 LIMIT 101)";
+/// A group's instances and those with a heartbeat after `?2` (microseconds): `?1` the group.
+pub const SQLITE_COUNT_INSTANCES: &str = "SELECT COUNT(*), COALESCE(SUM(heartbeat_at > ?2), 0) \
+     FROM worker_instance WHERE group_name = ?1";
 
 /// The summary page on Postgres; `ttl_micros` decides which instances count as live.
 pub(crate) async fn pg_summaries(
@@ -306,7 +302,6 @@ pub(crate) async fn sqlite_summaries(
             let mut oldest = tx.prepare_cached(crate::rows::SQLITE_WAITERS)?;
             let mut count_waiters = tx.prepare_cached(SQLITE_COUNT_WAITERS)?;
             let mut count_instances = tx.prepare_cached(SQLITE_COUNT_INSTANCES)?;
-            let mut count_live = tx.prepare_cached(SQLITE_COUNT_LIVE)?;
             let mut rows = Vec::with_capacity(effective.len());
             for e in effective {
                 let first = oldest
@@ -339,9 +334,10 @@ pub(crate) async fn sqlite_summaries(
                     None => None,
                 };
                 let waiters = count_waiters.query_row([&e.group], |r| r.get::<_, i64>(0))?;
-                let instances = count_instances.query_row([&e.group], |r| r.get::<_, i64>(0))?;
-                let live =
-                    count_live.query_row(params![e.group, live_after], |r| r.get::<_, i64>(0))?;
+                let (instances, live) = count_instances
+                    .query_row(params![e.group, live_after], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                    })?;
                 rows.push(SummaryRow {
                     effective: e,
                     waiters,
@@ -350,7 +346,7 @@ pub(crate) async fn sqlite_summaries(
                     live,
                 });
             }
-            drop((oldest, count_waiters, count_instances, count_live));
+            drop((oldest, count_waiters, count_instances));
             tx.commit()?;
             Ok(Snapshot { rows, now, behind })
         })

@@ -288,12 +288,8 @@ async fn a_group_pages_its_waiters_and_instances(backend: Backend) {
         json!({ "count": 5, "more": false }),
         "{busy}"
     );
-    assert_eq!(
-        busy["instances"],
-        json!({ "count": 3, "more": false }),
-        "{busy}"
-    );
-    assert_eq!(busy["live_instances"]["count"], 3, "{busy}");
+    assert_eq!(busy["instances"], 3, "{busy}");
+    assert_eq!(busy["live_instances"], 3, "{busy}");
     assert_eq!(
         busy["oldest_waiter"]["declarer"],
         waiters[0].as_str(),
@@ -329,12 +325,8 @@ async fn a_summary_counts_up_to_the_cap(backend: Backend) {
         "{crowd}"
     );
     assert_eq!(crowd["oldest_waiter"]["declarer"], "waiter:000", "{crowd}");
-    assert_eq!(
-        crowd["instances"],
-        json!({ "count": 1, "more": false }),
-        "{crowd}"
-    );
-    assert_eq!(crowd["live_instances"]["count"], 1, "{crowd}");
+    assert_eq!(crowd["instances"], 1, "{crowd}");
+    assert_eq!(crowd["live_instances"], 1, "{crowd}");
 
     let listed = member_walk(&server, "crowd", "waiters", 100).await;
     assert_eq!(listed, waiters, "the group's read pages every waiter");

@@ -878,8 +878,8 @@ async fn groups_lists_effective_sets_and_waiters(backend: Backend) {
     assert_eq!(oldest["declarer"], "beta-1");
     assert_eq!(oldest["patterns"], serde_json::json!(["orders/eu/#"]));
     assert_eq!(oldest["incumbent"], serde_json::json!(["orders/+/paid"]));
-    assert_eq!(billing["live_instances"]["count"], 1, "{billing:#}");
-    assert!(billing.get("instances").is_some_and(|i| i["count"] == 1));
+    assert_eq!(billing["live_instances"], 1, "{billing:#}");
+    assert_eq!(billing["instances"], 1, "{billing:#}");
     let shipping = find_group(&json, "shipping");
     assert_eq!(
         shipping["effective"]["patterns"],

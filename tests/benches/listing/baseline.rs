@@ -30,7 +30,7 @@ pub struct Read {
 /// Page size of every read (groups, members, history entries).
 const PAGE: i64 = 100;
 
-/// How far a page's summary counts each group's waiters and instances (the API's cap + 1).
+/// How far a page's summary counts each group's waiters (the API's cap + 1).
 const SUMMARY_FETCH: i64 = 101;
 
 fn pg_sql(read: &Read) -> String {
@@ -73,12 +73,10 @@ fn pg_sql(read: &Read) -> String {
                   WHERE a.group_name = e.group_name AND a.status = 'waiting' \
                   AND a.patterns <> e.patterns ORDER BY a.declared_at, a.declarer LIMIT 1) w) \
                   AS oldest_waiter, \
-               (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
-                  WHERE i.group_name = e.group_name LIMIT {SUMMARY_FETCH}) c) AS instances, \
-               (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
-                  WHERE i.group_name = e.group_name \
-                  AND i.heartbeat_at > now() - interval '60 seconds' LIMIT {SUMMARY_FETCH}) c) \
-                  AS live_instances \
+               (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name) \
+                  AS instances, \
+               (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name \
+                  AND i.heartbeat_at > now() - interval '60 seconds') AS live_instances \
              FROM effective_declaration e WHERE {filter} ORDER BY e.group_name LIMIT $2) p"
         );
     }
@@ -142,12 +140,11 @@ fn sqlite_sql(read: &Read) -> String {
                   FROM declarer_attempt a WHERE a.group_name = e.group_name \
                   AND a.status = 'waiting' AND a.patterns <> e.patterns \
                   ORDER BY a.declared_at, a.declarer LIMIT 1), \
-               'instances', (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
-                  WHERE i.group_name = e.group_name LIMIT {SUMMARY_FETCH})), \
-               'live_instances', (SELECT COUNT(*) FROM (SELECT 1 FROM worker_instance i \
+               'instances', (SELECT COUNT(*) FROM worker_instance i \
+                  WHERE i.group_name = e.group_name), \
+               'live_instances', (SELECT COUNT(*) FROM worker_instance i \
                   WHERE i.group_name = e.group_name AND i.heartbeat_at > \
-                  CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - 60000000 \
-                  LIMIT {SUMMARY_FETCH})))) \
+                  CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - 60000000))) \
              FROM (SELECT * FROM effective_declaration e WHERE {filter} ORDER BY e.group_name \
                LIMIT ?2) e"
         );
@@ -207,18 +204,19 @@ pub async fn run(store: &Store, read: &Read) -> usize {
                         |r| r.get(0),
                     )?
                 } else {
+                    use rusqlite::types::Value;
                     let (at, declarer) = read.waiters_after.clone().unzip();
-                    stmt.query_row(
-                        rusqlite::params![
-                            read.group.clone().unwrap_or_else(|| read.after.clone()),
-                            if read.group.is_some() { 1 } else { PAGE },
-                            read.topic,
-                            at,
-                            declarer,
-                            read.instances_after,
-                        ],
-                        |r| r.get(0),
-                    )?
+                    let all: [Value; 6] = [
+                        Value::Text(read.group.clone().unwrap_or_else(|| read.after.clone())),
+                        Value::Integer(if read.group.is_some() { 1 } else { PAGE }),
+                        read.topic.clone().map_or(Value::Null, Value::Text),
+                        at.map_or(Value::Null, Value::Integer),
+                        declarer.map_or(Value::Null, Value::Text),
+                        Value::Text(read.instances_after.clone()),
+                    ];
+                    // The summary page names fewer parameters than the one-group read.
+                    let used = stmt.parameter_count();
+                    stmt.query_row(rusqlite::params_from_iter(&all[..used]), |r| r.get(0))?
                 };
                 Ok(json.len())
             })

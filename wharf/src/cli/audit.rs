@@ -196,7 +196,7 @@ pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCod
             show_set(&group.effective.patterns),
             group.effective.declarer,
             group.effective.installed_at.to_rfc3339(),
-            count(&group.live_instances),
+            group.live_instances,
             count(&group.waiters),
         );
         if let Some(waiter) = &group.oldest_waiter {
