@@ -383,6 +383,16 @@ mod tests {
     }
 
     #[test]
+    fn every_waiter_count_stops_one_past_the_cap() {
+        let cap = format!("LIMIT {FETCH_CAP})");
+        assert!(
+            SQLITE_COUNT_WAITERS.contains(&cap),
+            "{SQLITE_COUNT_WAITERS}"
+        );
+        assert!(pg_summary_sql(false, false).contains(&format!("LIMIT {FETCH_CAP}) w")));
+    }
+
+    #[test]
     fn the_postgres_statement_numbers_its_parameters_without_gaps() {
         for (topic, waiting) in [(false, false), (true, false), (false, true), (true, true)] {
             let sql = pg_summary_sql(topic, waiting);
