@@ -16,7 +16,7 @@ use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 
 use crate::params;
 use crate::state::{ApiState, HealthStatus};
-use crate::views::{DeadLetterPage, GroupDetail, GroupList, SwapList, TopicList};
+use crate::views::{DeadLetterPage, GroupDetail, GroupEntry, GroupList, SwapList, TopicList};
 
 /// `GET`: every topic's head and size.
 pub const TOPICS_PATH: &str = "/api/v1/topics";
@@ -97,7 +97,7 @@ async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, A
     operation_id = "listGroups",
     tag = "groups",
     summary = "A page of the declared consumer groups",
-    description = "One page of groups, ordered by group name, each with its effective declaration, the first page (at most 100) of its open waiters and of its recorded worker instances, and its queue figures. Page with `after`: pass the previous page's `next_after` verbatim; it is null on the last page. Paging is by key (the group name), so a walk never lists a group twice and lists every group that existed throughout it exactly once, while other groups are created. A group whose waiters or instances do not fit names the cursor of the rest (`waiters_next_after`, `instances_next_after`) for `GET /api/v1/groups/{group}`. Every read is by index: a page costs what its size costs, whatever the number of groups or the length of the ledger. Any other query parameter, or one given twice, is refused with 400. The declarations and the queue figures are two reads, not one snapshot.",
+    description = "One page of groups, ordered by group name, each as a summary: its effective declaration, how many open waiters, recorded instances and live instances it has (each counted up to 100, with `more` true beyond), its oldest open waiter, and its queue figures. The waiters and instances themselves are paged by `GET /api/v1/groups/{group}`. Page with `after`: pass the previous page's `next_after` verbatim; it is null on the last page. Paging is by key (the group name), so a walk never lists a group twice and lists every group that existed throughout it exactly once, while other groups are created. Every read is by index: a page costs what its size costs, whatever the number of groups, their waiters or the length of the ledger. Any other query parameter, or one given twice, is refused with 400. The declarations and the queue figures are two reads, not one snapshot.",
     params(params::GroupsParamsDoc),
     responses(
         (status = 200, description = "The page (an empty list when no group matches).", body = GroupList),
@@ -121,7 +121,7 @@ async fn list_groups(
         .collect();
     let stats = state.queue().group_stats_of(&names).await?;
     Ok(Json(GroupList {
-        groups: GroupDetail::join(page.groups, stats),
+        groups: GroupEntry::join(page.groups, stats),
         next_after: page.next_after,
     }))
 }
@@ -189,8 +189,11 @@ async fn declarations(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let query = params::history_query(group.clone(), &pairs)?;
-    ensure_declared(&state, &group).await?;
-    let page = state.read_model().history(&query).await?;
+    // The check and the page are independent reads: side by side, not one after the other
+    // (the page of a group never declared is empty and is dropped).
+    let (_, page) = tokio::try_join!(ensure_declared(&state, &group), async {
+        Ok::<_, ApiError>(state.read_model().history(&query).await?)
+    })?;
     Ok(Json(page))
 }
 

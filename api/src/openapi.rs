@@ -537,9 +537,26 @@ mod tests {
             instances: Vec::new(),
             instances_next_after: None,
         };
+        let count = wharf_projections::MemberCount {
+            count: 1,
+            more: false,
+        };
+        let summary = wharf_projections::GroupSummary {
+            group: view.group.clone(),
+            topic: view.topic.clone(),
+            effective: view.effective.clone(),
+            waiters: count,
+            oldest_waiter: None,
+            instances: 2,
+            live_instances: 1,
+        };
         let detail = crate::views::GroupDetail::new(view, Vec::new());
         let detail = serde_json::to_value(detail).unwrap_or_default();
         assert_schema_matches(&doc, "GroupView", &detail);
+        let entry = crate::views::GroupEntry::join(vec![summary], Vec::new());
+        let entry = serde_json::to_value(&entry[0]).unwrap_or_default();
+        assert_schema_matches(&doc, "GroupListEntry", &entry);
+        assert_schema_matches(&doc, "MemberCount", &entry["waiters"]);
         let list = crate::views::GroupList {
             groups: Vec::new(),
             next_after: None,

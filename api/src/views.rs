@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use wharf_projections::GroupView;
+use wharf_projections::{GroupSummary, GroupView};
 use wharf_queue::{DeadLetter, GroupQueueStats, Headers, SwapRecord, TopicStats};
 
 /// A group as the group endpoints answer it: its declaration view with a `queue` object beside
@@ -87,20 +87,34 @@ impl GroupDetail {
             .unwrap_or_default();
         Self { view, queue }
     }
+}
 
-    /// Joins every view with the stats row of the same group name, in the views' order.
-    /// Stats rows of groups the views do not list are dropped.
-    pub fn join(views: Vec<GroupView>, stats: Vec<GroupQueueStats>) -> Vec<Self> {
+/// A group as the listing answers it: its summary with a `queue` object beside the summary's
+/// own fields. Its waiters and instances are `GET /api/v1/groups/{group}`'s.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = GroupListEntry)]
+pub struct GroupEntry {
+    /// The group's summary (its fields appear at the top level).
+    #[serde(flatten)]
+    pub summary: GroupSummary,
+    /// The group's queue figures.
+    pub queue: GroupQueue,
+}
+
+impl GroupEntry {
+    /// Joins every summary with the stats row of the same group name, in the summaries'
+    /// order (zeros when none names it). Stats rows of groups not listed are dropped.
+    pub fn join(summaries: Vec<GroupSummary>, stats: Vec<GroupQueueStats>) -> Vec<Self> {
         let mut by_group: HashMap<String, GroupQueueStats> =
             stats.into_iter().map(|s| (s.group.clone(), s)).collect();
-        views
+        summaries
             .into_iter()
-            .map(|view| {
+            .map(|summary| {
                 let queue = by_group
-                    .remove(&view.group)
+                    .remove(&summary.group)
                     .map(GroupQueue::from)
                     .unwrap_or_default();
-                Self { view, queue }
+                Self { summary, queue }
             })
             .collect()
     }
@@ -109,8 +123,8 @@ impl GroupDetail {
 /// The body of `GET /api/v1/groups`.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct GroupList {
-    /// One page of the declared groups, by name.
-    pub groups: Vec<GroupDetail>,
+    /// One page of the declared groups, by name, each as a summary.
+    pub groups: Vec<GroupEntry>,
     /// Pass as `after` for the next page; null when no group follows this page.
     #[schema(required = true)]
     pub next_after: Option<String>,
@@ -255,10 +269,27 @@ mod tests {
         );
     }
 
+    fn summary(group: &str) -> GroupSummary {
+        let view = view(group);
+        let none = wharf_projections::MemberCount {
+            count: 0,
+            more: false,
+        };
+        GroupSummary {
+            group: view.group,
+            topic: view.topic,
+            effective: view.effective,
+            waiters: none,
+            oldest_waiter: None,
+            instances: 0,
+            live_instances: 0,
+        }
+    }
+
     #[test]
     fn the_join_is_by_name_and_a_missing_row_reads_as_zeros() {
-        let joined = GroupDetail::join(
-            vec![view("a"), view("b"), view("c")],
+        let joined = GroupEntry::join(
+            vec![summary("a"), summary("b"), summary("c")],
             vec![stats("c", 9), stats("zz", 5), stats("a", 1)],
         );
         let claimable: Vec<i64> = joined.iter().map(|d| d.queue.claimable).collect();
@@ -268,6 +299,10 @@ mod tests {
         assert_eq!(zeros["oldest_unacked_seconds"], serde_json::Value::Null);
         assert_eq!(zeros["routed_lag"], 0);
         assert_eq!(GroupDetail::new(view("x"), Vec::new()).queue.claimable, 0);
+        let body = serde_json::to_value(&joined[0]).unwrap();
+        assert_eq!(body["group"], "a");
+        assert_eq!(body["waiters"], json!({ "count": 0, "more": false }));
+        assert_eq!(body["queue"]["claimable"], 1);
     }
 
     fn dead(position: i64, payload: &[u8]) -> DeadLetter {

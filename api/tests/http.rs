@@ -283,6 +283,31 @@ fn without_clock_readings(group: &Value) -> Value {
     group
 }
 
+/// A listing entry is the summary of the one-group read: the same group, topic, effective
+/// declaration and queue figures, its counts those of the group's lists (each under a page
+/// here), its oldest waiter the first of them.
+fn assert_summarizes(entry: &Value, group: &Value) {
+    let (entry, group) = (without_clock_readings(entry), without_clock_readings(group));
+    for field in ["group", "topic", "effective", "queue"] {
+        assert_eq!(entry[field], group[field], "{field}: {entry} vs {group}");
+    }
+    let waiters = group["waiters"].as_array().unwrap();
+    let instances = group["instances"].as_array().unwrap();
+    let live = instances.iter().filter(|i| i["live"] == true).count();
+    assert_eq!(
+        entry["waiters"],
+        json!({ "count": waiters.len(), "more": false })
+    );
+    assert_eq!(entry["instances"], instances.len());
+    assert_eq!(entry["live_instances"], live);
+    let mut oldest = entry["oldest_waiter"].clone();
+    if let Some(fields) = oldest.as_object_mut() {
+        fields.remove("waiting_seconds");
+        fields.remove("silent_seconds");
+    }
+    assert_eq!(oldest, waiters.first().cloned().unwrap_or(Value::Null));
+}
+
 /// The queue figures of a group with nothing routed, in flight or dead.
 fn idle_queue(routed_position: i64, routed_lag: i64) -> Value {
     json!({
@@ -375,15 +400,13 @@ async fn listing(store: Store) {
     assert_eq!(names, ["billing", "shipping"]);
     assert_eq!(groups[1]["effective"]["whole_topic"], true);
     assert_eq!(groups[1]["effective"]["patterns"], json!([]));
-    assert_eq!(groups[1]["waiters"][0]["declarer"], "host-d:4:dd");
+    assert_eq!(groups[1]["oldest_waiter"]["declarer"], "host-d:4:dd");
+    assert_eq!(groups[1]["waiters"], json!({ "count": 1, "more": false }));
+    assert_eq!(groups[1]["instances"], 1);
 
     let (status, group) = app.get("/api/v1/groups/billing").await;
     assert_eq!(status, 200, "{group}");
-    assert_eq!(
-        without_clock_readings(&group),
-        without_clock_readings(&groups[0]),
-        "one group equals its entry in the list"
-    );
+    assert_summarizes(&groups[0], &group);
     assert_eq!(group["group"], "billing");
     assert_eq!(group["topic"], "events");
     let effective = &group["effective"];
@@ -750,11 +773,7 @@ async fn queue_listing(store: Store) {
         .map(|g| g["group"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["billing", "refunds"]);
-    assert_eq!(
-        without_clock_readings(&groups[0]),
-        without_clock_readings(&group),
-        "one group equals its entry in the list"
-    );
+    assert_summarizes(&groups[0], &group);
     let refund_figures = &groups[1]["queue"];
     assert_eq!(refund_figures["routed_position"], 3, "{body}");
     assert_eq!(refund_figures["backing_off"], 1, "{body}");

@@ -28,6 +28,7 @@ pub mod rows;
 pub mod session;
 pub mod session_views;
 pub mod snapshots;
+pub mod summary;
 pub mod views;
 
 use std::sync::Arc;
@@ -51,6 +52,7 @@ pub use session_views::{
     ManagedSessionView, SessionHistoryEntry, SessionStream,
 };
 pub use snapshots::{SnapshotFinding, SnapshotReport};
+pub use summary::{GroupSummary, MemberCount, SummaryPage};
 pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 
 /// The member page of reads that list every waiter and instance.
@@ -223,11 +225,13 @@ impl ReadModel {
         }
     }
 
-    /// One page of the group listing: groups by name after the cursor, filtered, each with
-    /// the first page of its waiters and instances (see [`listing`]). Catches up first.
-    pub async fn groups_page(&self, query: &GroupQuery) -> Result<GroupPage, ProjectionError> {
+    /// One page of the group listing: groups by name after the cursor, filtered, each as a
+    /// summary (its effective declaration, bounded counts of its waiters and instances, its
+    /// oldest waiter; see [`summary`]). One read (on Postgres one statement) that also
+    /// answers the catch-up check; when the projector was behind, it catches up and reads
+    /// again, so a caller reads its own writes.
+    pub async fn groups_page(&self, query: &GroupQuery) -> Result<SummaryPage, ProjectionError> {
         query.validate()?;
-        self.catch_up().await?;
         let page = rows::PageKeys {
             after: query
                 .after
@@ -237,7 +241,35 @@ impl ReadModel {
             topic: query.topic.as_ref().map(ToString::to_string),
             waiting: query.waiting,
         };
-        self.read_page(page, query.members).await
+        let mut read = self.read_summaries(&page).await?;
+        if read.behind {
+            self.catch_up().await?;
+            read = self.read_summaries(&page).await?;
+        }
+        Ok(summary::page(read, query.limit))
+    }
+
+    /// The instance TTL in microseconds, at most a thousand years (a longer one would not fit
+    /// a Postgres interval; every heartbeat is that fresh anyway).
+    fn ttl_micros(&self) -> i64 {
+        const THOUSAND_YEARS: i64 = 1_000 * 366 * 24 * 3_600 * 1_000_000;
+        self.instance_ttl
+            .num_microseconds()
+            .unwrap_or(i64::MAX)
+            .min(THOUSAND_YEARS)
+    }
+
+    async fn read_summaries(
+        &self,
+        page: &rows::PageKeys,
+    ) -> Result<summary::Snapshot<Vec<summary::SummaryRow>>, StoreError> {
+        match &self.store {
+            Store::Sqlite(s) => {
+                let now = s.now().await?;
+                summary::sqlite_summaries(s, page.clone(), now, self.ttl_micros()).await
+            }
+            Store::Postgres(s) => summary::pg_summaries(s, page, self.ttl_micros()).await,
+        }
     }
 
     async fn read_page(
@@ -257,20 +289,20 @@ impl ReadModel {
 
     /// One group with all its waiters and instances, or `None` when it was never declared.
     pub async fn group(&self, group: &GroupName) -> Result<Option<GroupView>, ProjectionError> {
-        self.catch_up().await?;
         self.read_group(group, MemberKeys::first(MEMBERS_ALL), MEMBERS_ALL)
             .await
     }
 
     /// One group with a page of its waiters and a page of its instances (each from its own
-    /// cursor), or `None` when it was never declared. Catches up first.
+    /// cursor), or `None` when it was never declared. One read (on Postgres one statement)
+    /// that also answers the catch-up check; when the projector was behind, it catches up and
+    /// reads again.
     pub async fn group_members(
         &self,
         group: &GroupName,
         query: &MemberQuery,
     ) -> Result<Option<GroupView>, ProjectionError> {
         query.validate()?;
-        self.catch_up().await?;
         self.read_group(group, MemberKeys::new(query), query.limit)
             .await
     }
@@ -281,16 +313,32 @@ impl ReadModel {
         keys: MemberKeys,
         members: u32,
     ) -> Result<Option<GroupView>, ProjectionError> {
+        let mut read = self.read_group_once(group, &keys).await?;
+        if read.behind {
+            self.catch_up().await?;
+            read = self.read_group_once(group, &keys).await?;
+        }
+        Ok(
+            listing::page(read.rows, 1, members, read.now, self.instance_ttl)
+                .groups
+                .into_iter()
+                .next(),
+        )
+    }
+
+    async fn read_group_once(
+        &self,
+        group: &GroupName,
+        keys: &MemberKeys,
+    ) -> Result<summary::Snapshot<listing::PageRows>, StoreError> {
         let group = group.to_string();
-        let rows = match &self.store {
-            Store::Sqlite(s) => rows::sqlite_group(s, group, keys).await?,
-            Store::Postgres(s) => rows::pg_group(s, group, keys).await?,
-        };
-        let now = self.store.now().await?;
-        Ok(listing::page(rows, 1, members, now, self.instance_ttl)
-            .groups
-            .into_iter()
-            .next())
+        match &self.store {
+            Store::Sqlite(s) => {
+                let now = s.now().await?;
+                rows::sqlite_group_snapshot(s, group, keys.clone(), now).await
+            }
+            Store::Postgres(s) => rows::pg_group_snapshot(s, group, keys).await,
+        }
     }
 
     /// True when the group has an effective declaration. One read of the inline projection,

@@ -31,8 +31,6 @@ pub struct GroupQuery {
     pub topic: Option<TopicName>,
     /// Only groups with at least one open waiter.
     pub waiting: bool,
-    /// The waiters and instances listed with each group (their first page).
-    pub members: u32,
 }
 
 impl Default for GroupQuery {
@@ -42,7 +40,6 @@ impl Default for GroupQuery {
             limit: DEFAULT_PAGE,
             topic: None,
             waiting: false,
-            members: DEFAULT_PAGE,
         }
     }
 }
@@ -83,8 +80,7 @@ pub fn check_limit(field: &'static str, limit: u32) -> Result<(), ProjectionErro
 impl GroupQuery {
     /// Refuses out-of-range sizes, naming the field.
     pub fn validate(&self) -> Result<(), ProjectionError> {
-        check_limit("limit", self.limit)?;
-        check_limit("members", self.members)
+        check_limit("limit", self.limit)
     }
 }
 
@@ -114,6 +110,7 @@ pub(crate) struct PageRows {
 }
 
 /// The rows a member read starts after, as SQL-ready keys.
+#[derive(Clone)]
 pub(crate) struct MemberKeys {
     /// Waiters after `(declared_at micros, declarer)`; `None`: from the first.
     pub waiters_after: Option<(i64, String)>,

@@ -12,7 +12,10 @@ use rusqlite::{params, Connection};
 use wharf_store::event::from_micros;
 use wharf_store::{InstanceRecord, PgStore, SqliteStore, StoreError};
 
+use sqlx::Row;
+
 use crate::listing::{MemberKeys, PageRows};
+use crate::summary::Snapshot;
 use crate::views::{EffectiveRow, WaitingRow};
 
 fn parse_list(text: &str) -> Result<Vec<String>, StoreError> {
@@ -236,6 +239,22 @@ fn sqlite_members(
     Ok((waiting, instances))
 }
 
+/// The effective rows `sql` (a [`page_sql`] text) answers for `page`.
+pub(crate) fn sqlite_effective(
+    conn: &Connection,
+    sql: &str,
+    page: &PageKeys,
+) -> Result<Vec<EffectiveRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = match &page.topic {
+        Some(topic) => {
+            stmt.query_map(params![page.after, page.fetch, topic], sqlite_effective_row)?
+        }
+        None => stmt.query_map(params![page.after, page.fetch], sqlite_effective_row)?,
+    };
+    rows.map(|row| row?.decode()).collect()
+}
+
 /// A page of groups with the first page of each one's members, in one read snapshot.
 pub(crate) async fn sqlite_page(
     store: &SqliteStore,
@@ -268,25 +287,34 @@ pub(crate) async fn sqlite_page(
         .await
 }
 
-/// One group (no rows when it was never declared) with a page of its members.
-pub(crate) async fn sqlite_group(
+/// One group (no rows when it was never declared) with a page of its members, in one read
+/// transaction that also answers the catch-up check; `now` is the store's clock.
+pub(crate) async fn sqlite_group_snapshot(
     store: &SqliteStore,
     group: String,
     keys: MemberKeys,
-) -> Result<PageRows, StoreError> {
+    now: DateTime<Utc>,
+) -> Result<Snapshot<PageRows>, StoreError> {
     store
         .read(move |conn| {
-            let effective = conn
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred)?;
+            let behind = crate::summary::sqlite_behind(&tx)?;
+            let effective = tx
                 .prepare_cached(&one_sql('?'))?
                 .query_map([&group], sqlite_effective_row)?
                 .map(|row| row?.decode())
                 .collect::<Result<Vec<_>, StoreError>>()?;
             let groups: Vec<String> = effective.iter().map(|e| e.group.clone()).collect();
-            let (waiting, instances) = sqlite_members(conn, &groups, &keys)?;
-            Ok(PageRows {
-                effective,
-                waiting,
-                instances,
+            let (waiting, instances) = sqlite_members(&tx, &groups, &keys)?;
+            tx.commit()?;
+            Ok(Snapshot {
+                rows: PageRows {
+                    effective,
+                    waiting,
+                    instances,
+                },
+                now,
+                behind,
             })
         })
         .await
@@ -460,26 +488,131 @@ pub(crate) async fn pg_page(
     })
 }
 
-/// One group (no rows when it was never declared) with a page of its members.
-pub(crate) async fn pg_group(
+/// One group with a page of its waiters and of its instances, the store's clock and the
+/// catch-up check, as one statement: `$1` the group, `$2`, `$3` the waiter key (NULL: from
+/// the first), `$4` the count of each list, `$5` the instance key, `$6` the catch-up
+/// projector. A row always comes back (the clock and the check); its group columns are NULL
+/// when the group was never declared. Each list is built by the database as JSON text from
+/// its own keyed walk (the partial index of waiting attempts, `worker_instance`'s key), at
+/// most `$4` entries.
+pub const PG_GROUP: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
+       COALESCE((SELECT MAX(position) FROM events), 0) AS head, \
+       COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
+         AS checkpoint) \
+     SELECT m.now, m.head, m.checkpoint, e.group_name, e.topic, e.declarer, e.version, \
+       e.patterns, e.previous, e.declared_at, e.attempt_at, e.position, e.installs, \
+       (SELECT json_agg(w ORDER BY w.declared_at, w.declarer)::text FROM ( \
+          SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
+          FROM declarer_attempt a WHERE a.group_name = e.group_name \
+          AND a.status = 'waiting' AND a.patterns <> e.patterns \
+          AND (a.declared_at, a.declarer) > \
+              (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
+          ORDER BY a.declared_at, a.declarer LIMIT $4) w), \
+       (SELECT json_agg(i ORDER BY i.declarer)::text FROM ( \
+          SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
+          FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
+          ORDER BY w.declarer LIMIT $4) i) \
+     FROM meta m LEFT JOIN effective_declaration e ON e.group_name = $1";
+
+/// A waiter as [`PG_GROUP`]'s JSON carries it.
+#[derive(serde::Deserialize)]
+struct JsonWaiter {
+    declarer: String,
+    version: String,
+    patterns: Vec<String>,
+    incumbent: Option<Vec<String>>,
+    declared_at: DateTime<Utc>,
+    attempt_at: DateTime<Utc>,
+}
+
+/// An instance as [`PG_GROUP`]'s JSON carries it.
+#[derive(serde::Deserialize)]
+struct JsonInstance {
+    declarer: String,
+    topic: String,
+    version: String,
+    patterns: Vec<String>,
+    started_at: DateTime<Utc>,
+    heartbeat_at: DateTime<Utc>,
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: Option<String>) -> Result<Vec<T>, StoreError> {
+    match text {
+        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::decode(0, e)),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// One group with a page of its members, the clock and the catch-up check: one statement.
+pub(crate) async fn pg_group_snapshot(
     store: &PgStore,
     group: String,
-    keys: MemberKeys,
-) -> Result<PageRows, StoreError> {
-    let effective: Vec<EffectiveRow> = sqlx::query_as::<_, PgEffective>(&one_sql('$'))
+    keys: &MemberKeys,
+) -> Result<Snapshot<PageRows>, StoreError> {
+    let (after_at, after_declarer) = keys
+        .waiters_after
+        .clone()
+        .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
+        .unwrap_or((None, None));
+    let row = sqlx::query(PG_GROUP)
         .bind(&group)
+        .bind(after_at)
+        .bind(after_declarer)
+        .bind(keys.fetch)
+        .bind(&keys.instances_after)
+        .bind(crate::declaration::DeclarerAttempts::NAME)
         .persistent(false)
-        .fetch_all(store.pool())
-        .await?
-        .into_iter()
-        .map(pg_effective_row)
-        .collect();
-    let groups = effective.iter().map(|e| e.group.clone()).collect();
-    let (waiting, instances) = pg_members(store, groups, &keys).await?;
-    Ok(PageRows {
-        effective,
-        waiting,
-        instances,
+        .fetch_one(store.pool())
+        .await?;
+    let now: DateTime<Utc> = row.try_get(0)?;
+    let (head, checkpoint): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
+    let mut rows = PageRows {
+        effective: Vec::new(),
+        waiting: Vec::new(),
+        instances: Vec::new(),
+    };
+    if let Some(name) = row.try_get::<Option<String>, _>(3)? {
+        rows.effective.push(EffectiveRow {
+            group: name.clone(),
+            topic: row.try_get(4)?,
+            declarer: row.try_get(5)?,
+            version: row.try_get(6)?,
+            patterns: row.try_get(7)?,
+            previous: row.try_get(8)?,
+            declared_at: row.try_get(9)?,
+            attempt_at: row.try_get(10)?,
+            position: row.try_get(11)?,
+            installs: row.try_get(12)?,
+        });
+        rows.waiting = from_json::<JsonWaiter>(row.try_get(13)?)?
+            .into_iter()
+            .map(|w| WaitingRow {
+                group: name.clone(),
+                declarer: w.declarer,
+                version: w.version,
+                patterns: w.patterns,
+                incumbent: w.incumbent.unwrap_or_default(),
+                declared_at: w.declared_at,
+                attempt_at: w.attempt_at,
+            })
+            .collect();
+        rows.instances = from_json::<JsonInstance>(row.try_get(14)?)?
+            .into_iter()
+            .map(|i| InstanceRecord {
+                group: name.clone(),
+                declarer: i.declarer,
+                topic: i.topic,
+                version: i.version,
+                patterns: i.patterns,
+                started_at: i.started_at,
+                heartbeat_at: i.heartbeat_at,
+            })
+            .collect();
+    }
+    Ok(Snapshot {
+        rows,
+        now,
+        behind: head > checkpoint,
     })
 }
 

@@ -20,7 +20,8 @@
 //! over all requests of a side. Ratio = baseline p99 / API p99.
 //!
 //! With `WHARF_BENCH_EXPLAIN=1` the Postgres runs print `EXPLAIN (ANALYZE, BUFFERS)` of every
-//! listing statement at the ledger's size (`listing/plans.rs`).
+//! listing statement at the ledger's size (`listing/plans.rs`); with `WHARF_BENCH_PROFILE=1`
+//! every run first times each part of a read alone (`listing/profile.rs`).
 //!
 //! Run: `cargo bench -p wharf-tests --bench listing` (`WHARF_BENCH_EVENTS=1000000`,
 //! `WHARF_BENCH_GROUPS=100,10000`, `WHARF_BENCH_LONG=1000,10000,100000`,
@@ -30,6 +31,8 @@
 mod baseline;
 #[path = "listing/plans.rs"]
 mod plans;
+#[path = "listing/profile.rs"]
+mod profile;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -547,6 +550,7 @@ async fn main() {
     let conns = number("WHARF_BENCH_CONNECTIONS", 8);
     let long = list("WHARF_BENCH_LONG", &[1_000, 10_000, 100_000]);
     let explain = std::env::var("WHARF_BENCH_EXPLAIN").is_ok_and(|v| v == "1");
+    let profiling = std::env::var("WHARF_BENCH_PROFILE").is_ok_and(|v| v == "1");
     for backend in backends() {
         for group_count in list("WHARF_BENCH_GROUPS", &[100, 10_000]) {
             let test = TestStore::new(backend).await;
@@ -566,6 +570,10 @@ async fn main() {
                 groups.len(),
                 load_average()
             );
+            if profiling {
+                let read = ReadModel::new(test.store.clone(), Duration::from_secs(60));
+                profile::profile(&read, &server.client, &server.base, requests).await;
+            }
             println!();
             println!(
                 "| case | API p50 ms | API p99 ms | SQL p50 ms | SQL p99 ms | ratio (p99) | \

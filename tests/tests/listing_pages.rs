@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tokio::sync::oneshot;
 use wharf::domain::DeclarerId;
 use wharf::projections::ReadModel;
@@ -280,17 +280,61 @@ async fn a_group_pages_its_waiters_and_instances(backend: Backend) {
     assert_each_once(&instances);
     assert_eq!(instances.len(), 3, "{instances:?}");
 
-    // The listing carries the first page of each list (all of it here: under 100).
+    // The listing carries a summary: the counts and the oldest waiter, not the lists.
     let page = server.ok("/api/v1/groups").await;
     let busy = &page["groups"][0];
-    assert_eq!(busy["waiters"].as_array().unwrap().len(), 5);
-    assert_eq!(busy["waiters_next_after"], Value::Null);
-    assert_eq!(busy["instances_next_after"], Value::Null);
+    assert_eq!(
+        busy["waiters"],
+        json!({ "count": 5, "more": false }),
+        "{busy}"
+    );
+    assert_eq!(busy["instances"], 3, "{busy}");
+    assert_eq!(busy["live_instances"], 3, "{busy}");
+    assert_eq!(
+        busy["oldest_waiter"]["declarer"],
+        waiters[0].as_str(),
+        "{busy}"
+    );
+    assert!(busy.get("waiters_next_after").is_none(), "{busy}");
 }
 
 on_both_backends!(
     a_group_pages_its_waiters_and_instances,
     a_group_pages_its_waiters_and_instances
+);
+
+/// A summary counts up to 100 and says when more follow; the group's own read pages them all.
+async fn a_summary_counts_up_to_the_cap(backend: Backend) {
+    let test = TestStore::new(backend).await;
+    let wharf = test.wharf();
+    let _consumer = live_consumer(&wharf, "crowd", "orders", &["orders/#"]).await;
+    // Zero-padded, so the declarers' order is the order they first waited in.
+    let waiters: Vec<String> = (0..101).map(|i| format!("waiter:{i:03}")).collect();
+    for who in &waiters {
+        let other = wharf.as_declarer(DeclarerId::parse("d", who).unwrap());
+        declare(&other, "crowd", "orders", &["orders/eu/#"]).await;
+    }
+    let server = Server::start(test.store.clone()).await;
+
+    let page = server.ok("/api/v1/groups").await;
+    let crowd = &page["groups"][0];
+    assert_eq!(crowd["group"], "crowd", "{page}");
+    assert_eq!(
+        crowd["waiters"],
+        json!({ "count": 100, "more": true }),
+        "{crowd}"
+    );
+    assert_eq!(crowd["oldest_waiter"]["declarer"], "waiter:000", "{crowd}");
+    assert_eq!(crowd["instances"], 1, "{crowd}");
+    assert_eq!(crowd["live_instances"], 1, "{crowd}");
+
+    let listed = member_walk(&server, "crowd", "waiters", 100).await;
+    assert_eq!(listed, waiters, "the group's read pages every waiter");
+}
+
+on_both_backends!(
+    a_summary_counts_up_to_the_cap,
+    a_summary_counts_up_to_the_cap
 );
 
 async fn bad_cursors_limits_and_filters_are_400_naming_the_field(backend: Backend) {

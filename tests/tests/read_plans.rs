@@ -17,8 +17,9 @@ use sqlx::postgres::PgArguments;
 use sqlx::Arguments;
 use wharf::store::Store;
 use wharf_projections::rows::{
-    one_sql, page_sql, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES, SQLITE_WAITERS,
+    one_sql, page_sql, PG_GROUP, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES, SQLITE_WAITERS,
 };
+use wharf_projections::summary::{pg_summary_sql, SQLITE_COUNT_INSTANCES, SQLITE_COUNT_WAITERS};
 use wharf_tests::{Backend, TestStore};
 
 const WATCHED: [&str; 4] = [
@@ -35,6 +36,11 @@ const KEYED: i64 = 100;
 /// within the page's index range included (a topic's groups without a waiter, read through a
 /// bitmap when the statistics are stale).
 const PAGE: i64 = 1_000;
+/// What a summary page of 101 groups may touch (ADR 0038): the page's own walk (the waiting
+/// skip scan is the dearest, about 900) and per group two keyed probes, its waiters' walk (at
+/// most 101) and its instances, heap fetches included (nothing is vacuumed here): about 720
+/// by name and 1,730 of waiting groups measured.
+const SUMMARY_PAGE: i64 = 2_500;
 
 /// Every sequential scan of a watched table in a plan tree, and the root's buffers.
 fn scans(plan: &Value, found: &mut Vec<String>) {
@@ -215,6 +221,123 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
             .await,
         );
     }
+    // The summary page (ADR 0038): one statement with the clock and the catch-up check, each
+    // group's waiter count bounded. Past the crash-looping group (20k waiting attempts) too.
+    const TTL_MICROS: i64 = 60_000_000;
+    for (topic, waiting) in [(false, false), (false, true), (true, false), (true, true)] {
+        let what = format!("summary page topic={topic} waiting={waiting}");
+        let sql = pg_summary_sql(topic, waiting);
+        let found = if topic {
+            explain(
+                &mut conn,
+                &what,
+                &sql,
+                SUMMARY_PAGE,
+                args!["g005000", 101_i64, "t7", "declarer_attempts", TTL_MICROS],
+            )
+            .await
+        } else {
+            explain(
+                &mut conn,
+                &what,
+                &sql,
+                SUMMARY_PAGE,
+                args!["g005000", 101_i64, "declarer_attempts", TTL_MICROS],
+            )
+            .await
+        };
+        scanned.extend(found);
+    }
+    // A summary reads at most the cap of a group's waiters, under either plan: no node reads
+    // the whole list, which a bitmap under a count would (its buffers alone do not show it:
+    // 20k waiting attempts fill a few hundred pages). A page of the crash-looping group alone,
+    // so each node's rows are that group's (EXPLAIN averages rows over loops). Counting
+    // every open waiter instead of at most 101 reads all 20k of them, and must be caught.
+    for waiting in [false, true] {
+        let most = max_node_rows(
+            &mut conn,
+            &pg_summary_sql(false, waiting),
+            args!["g005006", 1_i64, "declarer_attempts", TTL_MICROS],
+        )
+        .await;
+        assert!(
+            most <= 101,
+            "summary waiting={waiting}: a node yields {most} rows"
+        );
+    }
+    let uncapped = pg_summary_sql(false, false).replace(
+        "ORDER BY a.declared_at, a.declarer LIMIT 101) w",
+        "ORDER BY a.declared_at, a.declarer) w",
+    );
+    assert_ne!(
+        uncapped,
+        pg_summary_sql(false, false),
+        "the waiter count is capped"
+    );
+    let most = max_node_rows(
+        &mut conn,
+        &uncapped,
+        args!["g005006", 1_i64, "declarer_attempts", TTL_MICROS],
+    )
+    .await;
+    assert!(
+        most >= 20_000,
+        "the row bound must catch an uncapped count ({most} rows)"
+    );
+    // One group in one statement: its effective row, a page of each list, the clock, the
+    // check; the crash-looping group's first waiters and a group's instances after a key.
+    for (what, group, at, declarer, instances_after) in [
+        (
+            "one-statement group (crash-looping)",
+            "g005007",
+            none_at,
+            none_declarer.clone(),
+            "",
+        ),
+        (
+            "one-statement group",
+            "g010000",
+            none_at,
+            none_declarer.clone(),
+            "i0",
+        ),
+    ] {
+        scanned.extend(
+            explain(
+                &mut conn,
+                what,
+                PG_GROUP,
+                PAGE,
+                args![
+                    group,
+                    at,
+                    declarer.clone(),
+                    101_i64,
+                    instances_after,
+                    "declarer_attempts"
+                ],
+            )
+            .await,
+        );
+    }
+    // Its waiter page stops at the page, under either plan (a node's rows: its one loop).
+    let most = max_node_rows(
+        &mut conn,
+        PG_GROUP,
+        args![
+            "g005007",
+            none_at,
+            none_declarer.clone(),
+            101_i64,
+            "",
+            "declarer_attempts"
+        ],
+    )
+    .await;
+    assert!(
+        most <= 101,
+        "one-statement group: a node yields {most} rows"
+    );
     // The former page of waiting groups walked every waiting attempt from the cursor: past
     // the crash-looping group, 20k of them. The bound must catch it.
     let former_waiting = "SELECT DISTINCT ON (a.group_name) e.group_name FROM declarer_attempt a \
@@ -313,6 +436,40 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     assert!(scanned.is_empty(), "sequential scans: {scanned:?}");
 }
 
+/// The most rows any node of `sql`'s plan yields per loop, under custom and generic plans.
+async fn max_node_rows(
+    conn: &mut sqlx::PgConnection,
+    sql: &str,
+    args: impl Fn() -> PgArguments,
+) -> i64 {
+    fn most(plan: &Value) -> i64 {
+        let own = plan["Actual Rows"].as_i64().unwrap_or(0);
+        plan["Plans"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(most)
+            .fold(own, i64::max)
+    }
+    let mut found = 0;
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let (plan,): (Value,) =
+            sqlx::query_as_with(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}"), args())
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        if std::env::var("SHOW_PLANS").is_ok() {
+            println!("{mode}: {plan}");
+        }
+        found = found.max(most(&plan[0]["Plan"]));
+    }
+    found
+}
+
 /// The buffers `sql` touches under a custom plan.
 async fn root_buffers(
     conn: &mut sqlx::PgConnection,
@@ -355,6 +512,11 @@ async fn sqlite_listing_reads_search_by_key() {
         ("one group", one_sql('?')),
         ("waiters", SQLITE_WAITERS.to_owned()),
         ("instances", SQLITE_INSTANCES.to_owned()),
+        ("summary: waiters counted", SQLITE_COUNT_WAITERS.to_owned()),
+        (
+            "summary: instances counted",
+            SQLITE_COUNT_INSTANCES.to_owned(),
+        ),
         ("history", wharf::store::sqlite::QUERY_EVENTS.to_owned()),
         (
             "a sort of the group's history (must be caught)",
@@ -390,7 +552,9 @@ async fn sqlite_listing_reads_search_by_key() {
         let scans: Vec<&String> = lines
             .iter()
             .filter(|line| {
-                (line.starts_with("SCAN ") && *line != "SCAN CONSTANT ROW")
+                (line.starts_with("SCAN ")
+                    && *line != "SCAN CONSTANT ROW"
+                    && !line.starts_with("SCAN (subquery-"))
                     || line.contains("TEMP B-TREE")
             })
             .collect();

@@ -1,7 +1,9 @@
 //! The listing bench's baseline: each read as one plain SQL statement over the projection
 //! tables (the ledger for the history), run through the store's own driver and connections,
 //! answering the same page as JSON built by the database (Postgres `json_agg`, SQLite
-//! `json_group_array`): the strongest thing a user with the schema could write.
+//! `json_group_array`): the strongest thing a user with the schema could write. A page of
+//! groups is the same summary the API lists (ADR 0038: bounded counts, the oldest waiter);
+//! one group carries its waiters and instances, a page of each.
 
 use sqlx::Row;
 use wharf::store::Store;
@@ -27,6 +29,9 @@ pub struct Read {
 
 /// Page size of every read (groups, members, history entries).
 const PAGE: i64 = 100;
+
+/// How far a page's summary counts each group's waiters (the API's cap + 1).
+const SUMMARY_FETCH: i64 = 101;
 
 fn pg_sql(read: &Read) -> String {
     if read.history_after.is_some() {
@@ -56,6 +61,25 @@ fn pg_sql(read: &Read) -> String {
             f
         }
     };
+    if read.group.is_none() {
+        return format!(
+            "SELECT json_agg(p)::text FROM (SELECT e.group_name, e.topic, e.declarer, e.version, \
+               e.patterns, e.previous, e.declared_at, e.attempt_at, e.position, e.installs, \
+               (SELECT COUNT(*) FROM (SELECT 1 FROM declarer_attempt a \
+                  WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+                  AND a.patterns <> e.patterns LIMIT {SUMMARY_FETCH}) c) AS waiters, \
+               (SELECT row_to_json(w) FROM (SELECT a.declarer, a.version, a.patterns, \
+                  a.incumbent, a.declared_at, a.attempt_at FROM declarer_attempt a \
+                  WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+                  AND a.patterns <> e.patterns ORDER BY a.declared_at, a.declarer LIMIT 1) w) \
+                  AS oldest_waiter, \
+               (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name) \
+                  AS instances, \
+               (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name \
+                  AND i.heartbeat_at > now() - interval '60 seconds') AS live_instances \
+             FROM effective_declaration e WHERE {filter} ORDER BY e.group_name LIMIT $2) p"
+        );
+    }
     format!(
         "SELECT json_agg(p)::text FROM (SELECT e.group_name, e.topic, e.declarer, e.version, \
            e.patterns, e.previous, e.declared_at, e.attempt_at, e.position, e.installs, \
@@ -101,6 +125,30 @@ fn sqlite_sql(read: &Read) -> String {
             f
         }
     };
+    if read.group.is_none() {
+        return format!(
+            "SELECT json_group_array(json_object('group', e.group_name, 'topic', e.topic, \
+               'declarer', e.declarer, 'version', e.version, 'patterns', json(e.patterns), \
+               'previous', json(e.previous), 'declared_at', e.declared_at, 'attempt_at', \
+               e.attempt_at, 'position', e.position, 'installs', e.installs, \
+               'waiters', (SELECT COUNT(*) FROM (SELECT 1 FROM declarer_attempt a \
+                  WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+                  AND a.patterns <> e.patterns LIMIT {SUMMARY_FETCH})), \
+               'oldest_waiter', (SELECT json_object('declarer', a.declarer, 'version', \
+                  a.version, 'patterns', json(a.patterns), 'incumbent', json(a.incumbent), \
+                  'declared_at', a.declared_at, 'attempt_at', a.attempt_at) \
+                  FROM declarer_attempt a WHERE a.group_name = e.group_name \
+                  AND a.status = 'waiting' AND a.patterns <> e.patterns \
+                  ORDER BY a.declared_at, a.declarer LIMIT 1), \
+               'instances', (SELECT COUNT(*) FROM worker_instance i \
+                  WHERE i.group_name = e.group_name), \
+               'live_instances', (SELECT COUNT(*) FROM worker_instance i \
+                  WHERE i.group_name = e.group_name AND i.heartbeat_at > \
+                  CAST(strftime('%s', 'now') AS INTEGER) * 1000000 - 60000000))) \
+             FROM (SELECT * FROM effective_declaration e WHERE {filter} ORDER BY e.group_name \
+               LIMIT ?2) e"
+        );
+    }
     format!(
         "SELECT json_group_array(json_object('group', e.group_name, 'topic', e.topic, \
            'declarer', e.declarer, 'version', e.version, 'patterns', json(e.patterns), \
@@ -156,18 +204,19 @@ pub async fn run(store: &Store, read: &Read) -> usize {
                         |r| r.get(0),
                     )?
                 } else {
+                    use rusqlite::types::Value;
                     let (at, declarer) = read.waiters_after.clone().unzip();
-                    stmt.query_row(
-                        rusqlite::params![
-                            read.group.clone().unwrap_or_else(|| read.after.clone()),
-                            if read.group.is_some() { 1 } else { PAGE },
-                            read.topic,
-                            at,
-                            declarer,
-                            read.instances_after,
-                        ],
-                        |r| r.get(0),
-                    )?
+                    let all: [Value; 6] = [
+                        Value::Text(read.group.clone().unwrap_or_else(|| read.after.clone())),
+                        Value::Integer(if read.group.is_some() { 1 } else { PAGE }),
+                        read.topic.clone().map_or(Value::Null, Value::Text),
+                        at.map_or(Value::Null, Value::Integer),
+                        declarer.map_or(Value::Null, Value::Text),
+                        Value::Text(read.instances_after.clone()),
+                    ];
+                    // The summary page names fewer parameters than the one-group read.
+                    let used = stmt.parameter_count();
+                    stmt.query_row(rusqlite::params_from_iter(&all[..used]), |r| r.get(0))?
                 };
                 Ok(json.len())
             })

@@ -7,7 +7,8 @@ use sqlx::postgres::PgArguments;
 use sqlx::Arguments;
 use wharf::store::postgres::QUERY_EVENTS;
 use wharf::store::PgStore;
-use wharf_projections::rows::{one_sql, page_sql, PG_INSTANCES, PG_WAITERS};
+use wharf_projections::rows::{one_sql, page_sql, PG_GROUP, PG_INSTANCES, PG_WAITERS};
+use wharf_projections::summary::pg_summary_sql;
 
 /// The history read before ADR 0036 (ordered by position), for comparison.
 const FORMER_HISTORY: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
@@ -92,7 +93,52 @@ fn statements(middle: &str, long_group: &str, fleet_group: &str) -> Vec<Statemen
             args
         }
     };
+    let summaries = |after: String, topic: Option<&'static str>| {
+        move || {
+            let mut args = PgArguments::default();
+            args.add(after.clone()).expect("after");
+            args.add(101i64).expect("limit");
+            if let Some(topic) = topic {
+                args.add(topic.to_owned()).expect("topic");
+            }
+            args.add("declarer_attempts".to_owned()).expect("projector");
+            args.add(60_000_000i64).expect("ttl");
+            args
+        }
+    };
+    let group_read = |group: String| {
+        move || {
+            let mut args = PgArguments::default();
+            args.add(group.clone()).expect("group");
+            args.add(None::<chrono::DateTime<chrono::Utc>>).expect("at");
+            args.add(None::<String>).expect("declarer");
+            args.add(101i64).expect("count");
+            args.add(String::new()).expect("instances after");
+            args.add("declarer_attempts".to_owned()).expect("projector");
+            args
+        }
+    };
     vec![
+        Statement {
+            what: "summary page, first (one statement)".into(),
+            sql: pg_summary_sql(false, false),
+            args: Box::new(summaries(String::new(), None)),
+        },
+        Statement {
+            what: "summary page by topic after the middle".into(),
+            sql: pg_summary_sql(true, false),
+            args: Box::new(summaries(middle.clone(), Some("orders-3"))),
+        },
+        Statement {
+            what: "summary page of waiting groups, first".into(),
+            sql: pg_summary_sql(false, true),
+            args: Box::new(summaries(String::new(), None)),
+        },
+        Statement {
+            what: format!("one group in one statement ({long_group})"),
+            sql: PG_GROUP.into(),
+            args: Box::new(group_read(long_group.clone())),
+        },
         Statement {
             what: "catch-up check".into(),
             sql: CATCH_UP.into(),

@@ -7,7 +7,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Args;
 use wharf::domain::{GroupName, TopicName};
-use wharf::projections::{GroupCursor, GroupQuery, HistoryQuery, ReadModel};
+use wharf::projections::{GroupCursor, GroupQuery, HistoryQuery, MemberCount, ReadModel};
 use wharf::Config;
 
 #[derive(Debug, Args)]
@@ -178,7 +178,6 @@ pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCod
             .map(|raw| TopicName::parse("--topic", raw))
             .transpose()?,
         waiting: args.waiting,
-        ..GroupQuery::default()
     };
     let page = read_model(config).await?.groups_page(&query).await?;
     if args.json {
@@ -189,27 +188,29 @@ pub async fn groups(config: &Config, args: GroupsArgs) -> anyhow::Result<ExitCod
         return Ok(ExitCode::SUCCESS);
     }
     for group in &page.groups {
-        let live = group.instances.iter().filter(|i| i.live).count();
-        let more = |next: &Option<String>| if next.is_some() { "+" } else { "" };
+        let count = |c: &MemberCount| format!("{}{}", c.count, if c.more { "+" } else { "" });
         println!(
-            "{} (topic {}): {} — installed by {} at {}; {}{} live instance(s), {}{} waiter(s)",
+            "{} (topic {}): {} — installed by {} at {}; {} live instance(s), {} waiter(s)",
             group.group,
             group.topic,
             show_set(&group.effective.patterns),
             group.effective.declarer,
             group.effective.installed_at.to_rfc3339(),
-            live,
-            more(&group.instances_next_after),
-            group.waiters.len(),
-            more(&group.waiters_next_after),
+            group.live_instances,
+            count(&group.waiters),
         );
-        for waiter in &group.waiters {
+        if let Some(waiter) = &group.oldest_waiter {
             println!(
-                "    WAITING {} wants {} for {:.0}s (last attempt {:.0}s ago)",
+                "    WAITING {} wants {} for {:.0}s (last attempt {:.0}s ago){}",
                 waiter.declarer,
                 show_set(&waiter.patterns),
                 waiter.waiting_seconds,
-                waiter.silent_seconds
+                waiter.silent_seconds,
+                if group.waiters.count > 1 || group.waiters.more {
+                    format!(", the oldest of {}", count(&group.waiters))
+                } else {
+                    String::new()
+                }
             );
         }
     }

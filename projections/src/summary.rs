@@ -1,0 +1,406 @@
+//! The group listing's page as summaries (ADR 0038): per group its effective declaration,
+//! how many open waiters it has (counted up to [`COUNT_CAP`]) and its oldest one, and how many
+//! instances it has, live and all; the lists themselves are the one-group read's (`ReadModel::group_members`).
+//!
+//! A page is one read: on Postgres one statement that also answers the catch-up check (the
+//! log's head and the checkpoint of the catch-up projector) and the store's clock; on SQLite
+//! one read transaction with the check in it. A read that finds the projector behind is
+//! discarded, the projector catches up, and the page is read again, so a caller still reads
+//! its own writes (ADR 0003) without a round trip of its own for the check.
+//!
+//! The waiter count is bounded: at most `COUNT_CAP + 1` index entries, so a page costs its
+//! groups, not their waiters (a crash-looping group has 100k). Instances are counted exactly:
+//! they are a group's fleet, not its history.
+
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, TransactionBehavior};
+use serde::Serialize;
+use sqlx::Row;
+use wharf_store::event::from_micros;
+use wharf_store::{PgStore, SqliteStore, StoreError};
+
+use crate::declaration::DeclarerAttempts;
+use crate::rows::{page_sql, PageKeys};
+use crate::views::{EffectiveView, WaiterView};
+
+/// How far a summary counts a group's waiters and instances: beyond it, `more` is true.
+pub const COUNT_CAP: u32 = 100;
+
+/// A bounded count of a group's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MemberCount {
+    /// How many, counted up to 100.
+    pub count: u32,
+    /// True when more than `count` exist (read them from `GET /api/v1/groups/{group}`).
+    pub more: bool,
+}
+
+impl MemberCount {
+    /// The count of `seen` members where at most `COUNT_CAP + 1` were looked at.
+    pub fn of(seen: i64) -> Self {
+        let seen = u32::try_from(seen.max(0)).unwrap_or(u32::MAX);
+        Self {
+            count: seen.min(COUNT_CAP),
+            more: seen > COUNT_CAP,
+        }
+    }
+}
+
+/// One consumer group as a listing page shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupSummary {
+    /// The group's name.
+    pub group: String,
+    /// The log topic the group consumes.
+    pub topic: String,
+    /// The effective declaration (newest installed).
+    pub effective: EffectiveView,
+    /// Its open waiters (attempts blocked on live instances that declare the effective set).
+    pub waiters: MemberCount,
+    /// The open waiter that first stated its set earliest (ties by declarer); null when none.
+    #[cfg_attr(feature = "openapi", schema(required = true))]
+    pub oldest_waiter: Option<WaiterView>,
+    /// How many worker instances it has recorded, live or not.
+    pub instances: u64,
+    /// How many of them have a newest heartbeat fresher than the instance TTL.
+    pub live_instances: u64,
+}
+
+/// One page of the group listing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SummaryPage {
+    /// The groups, by name.
+    pub groups: Vec<GroupSummary>,
+    /// Pass as `after` for the next page; `None` when no group follows this page.
+    pub next_after: Option<String>,
+}
+
+/// What one read answered: the rows, the store's clock, and whether the catch-up projector
+/// was behind the log when it was taken (then the rows may miss the caller's writes).
+pub(crate) struct Snapshot<T> {
+    pub rows: T,
+    pub now: DateTime<Utc>,
+    pub behind: bool,
+}
+
+/// A page's row for one group, before the views are built.
+pub(crate) struct SummaryRow {
+    pub effective: crate::views::EffectiveRow,
+    pub waiters: i64,
+    pub oldest: Option<crate::views::WaitingRow>,
+    pub instances: i64,
+    pub live: i64,
+}
+
+fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+/// Builds the page from what one read answered: cuts to `limit` and names the next cursor.
+pub(crate) fn page(read: Snapshot<Vec<SummaryRow>>, limit: u32) -> SummaryPage {
+    let Snapshot { mut rows, now, .. } = read;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next_after = if more {
+        rows.last().and_then(|row| {
+            wharf_domain::GroupName::parse("group", &row.effective.group)
+                .ok()
+                .map(|name| crate::cursor::GroupCursor(name).encode())
+        })
+    } else {
+        None
+    };
+    let groups = rows
+        .into_iter()
+        .map(|row| {
+            let e = row.effective;
+            GroupSummary {
+                waiters: MemberCount::of(row.waiters),
+                oldest_waiter: row.oldest.map(|w| WaiterView {
+                    waiting_seconds: seconds_between(w.declared_at, now),
+                    silent_seconds: seconds_between(w.attempt_at, now),
+                    declarer: w.declarer,
+                    version: w.version,
+                    patterns: w.patterns,
+                    incumbent: w.incumbent,
+                    declared_at: w.declared_at,
+                    last_attempt_at: w.attempt_at,
+                }),
+                instances: u64::try_from(row.instances).unwrap_or(0),
+                live_instances: u64::try_from(row.live).unwrap_or(0),
+                effective: EffectiveView {
+                    whole_topic: e.patterns.is_empty(),
+                    patterns: e.patterns,
+                    declarer: e.declarer,
+                    version: e.version,
+                    declared_at: e.declared_at,
+                    installed_at: e.attempt_at,
+                    position: e.position,
+                    installs: e.installs,
+                    previous: e.previous,
+                },
+                group: e.group,
+                topic: e.topic,
+            }
+        })
+        .collect();
+    SummaryPage { groups, next_after }
+}
+
+const FETCH_CAP: u32 = COUNT_CAP + 1;
+
+/// The summary page on Postgres, one statement: `$1` the group name to start after, `$2` the
+/// row count, `$3` the topic when filtered, then the catch-up projector's name and the
+/// instance TTL in microseconds.
+///
+/// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or the skip
+/// scan of waiting groups), joined to one row of the clock and the catch-up check, so an
+/// empty page still answers them. The waiters are counted by a walk of the partial index of
+/// waiting attempts in key order: the `ORDER BY` is what keeps it an index scan that stops at
+/// the cap, where an unordered count under a `LIMIT` was planned as a bitmap of every entry
+/// (all 20k waiting attempts of a crash-looping group); the oldest waiter is the first row of
+/// that walk (a window count over at most `COUNT_CAP + 1` rows). The instances are counted
+/// exactly, live and all in one aggregate over the group's `worker_instance` rows by key
+/// (its fleet and the rows not yet reaped, not its history; a `LIMIT` would not bound it:
+/// the planner reads them through a bitmap either way).
+pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
+    let page = page_sql('$', topic, waiting);
+    let (projector, ttl) = if topic { ("$4", "$5") } else { ("$3", "$4") };
+    format!(
+        "WITH meta AS (SELECT clock_timestamp() AS now, \
+           COALESCE((SELECT MAX(position) FROM events), 0) AS head, \
+           COALESCE((SELECT position FROM projection_checkpoint WHERE projector = {projector}), 0) \
+             AS checkpoint) \
+         SELECT m.now, m.head, m.checkpoint, p.group_name, p.topic, p.declarer, p.version, \
+           p.patterns, p.previous, p.declared_at, p.attempt_at, p.position, p.installs, \
+           COALESCE(o.waiters, 0), \
+           o.declarer, o.version, o.patterns, o.incumbent, o.declared_at, o.attempt_at, \
+           COALESCE(c.instances, 0), COALESCE(c.live, 0) \
+         FROM meta m LEFT JOIN LATERAL ({page}) p ON true \
+         LEFT JOIN LATERAL (SELECT COUNT(*) AS instances, COUNT(*) FILTER ( \
+             WHERE i.heartbeat_at > m.now - {ttl}::bigint * interval '1 microsecond') AS live \
+           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true \
+         LEFT JOIN LATERAL (SELECT w.*, COUNT(*) OVER () AS waiters FROM ( \
+             SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, \
+               a.attempt_at FROM declarer_attempt a \
+             WHERE a.group_name = p.group_name AND a.status = 'waiting' \
+             AND a.patterns <> p.patterns ORDER BY a.declared_at, a.declarer \
+             LIMIT {FETCH_CAP}) w \
+           ORDER BY w.declared_at, w.declarer LIMIT 1) o ON true \
+         ORDER BY p.group_name"
+    )
+}
+
+/// A group's open waiters, counted up to the cap: `?1` the group.
+pub const SQLITE_COUNT_WAITERS: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM declarer_attempt a \
+     WHERE a.group_name = ?1 AND a.status = 'waiting' AND a.patterns <> \
+       (SELECT e.patterns FROM effective_declaration e WHERE e.group_name = ?1) LIMIT 101)";
+
+/// A group's instances and those with a heartbeat after `?2` (microseconds): `?1` the group.
+pub const SQLITE_COUNT_INSTANCES: &str = "SELECT COUNT(*), COALESCE(SUM(heartbeat_at > ?2), 0) \
+     FROM worker_instance WHERE group_name = ?1";
+
+/// The summary page on Postgres; `ttl_micros` decides which instances count as live.
+pub(crate) async fn pg_summaries(
+    store: &PgStore,
+    page: &PageKeys,
+    ttl_micros: i64,
+) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
+    let sql = pg_summary_sql(page.topic.is_some(), page.waiting);
+    let mut query = sqlx::query(&sql).bind(&page.after).bind(page.fetch);
+    if let Some(topic) = &page.topic {
+        query = query.bind(topic);
+    }
+    let rows = query
+        .bind(DeclarerAttempts::NAME)
+        .bind(ttl_micros)
+        .persistent(false)
+        .fetch_all(store.pool())
+        .await?;
+    let first = rows
+        .first()
+        .ok_or_else(|| StoreError::decode(0, "the listing statement answered no row"))?;
+    let now: DateTime<Utc> = first.try_get(0)?;
+    let (head, checkpoint): (i64, i64) = (first.try_get(1)?, first.try_get(2)?);
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(group) = row.try_get::<Option<String>, _>(3)? else {
+            continue;
+        };
+        let effective = crate::views::EffectiveRow {
+            group: group.clone(),
+            topic: row.try_get(4)?,
+            declarer: row.try_get(5)?,
+            version: row.try_get(6)?,
+            patterns: row.try_get(7)?,
+            previous: row.try_get(8)?,
+            declared_at: row.try_get(9)?,
+            attempt_at: row.try_get(10)?,
+            position: row.try_get(11)?,
+            installs: row.try_get(12)?,
+        };
+        let oldest = match row.try_get::<Option<String>, _>(14)? {
+            Some(declarer) => Some(crate::views::WaitingRow {
+                group,
+                declarer,
+                version: row.try_get(15)?,
+                patterns: row.try_get(16)?,
+                incumbent: row
+                    .try_get::<Option<Vec<String>>, _>(17)?
+                    .unwrap_or_default(),
+                declared_at: row.try_get(18)?,
+                attempt_at: row.try_get(19)?,
+            }),
+            None => None,
+        };
+        out.push(SummaryRow {
+            effective,
+            waiters: row.try_get(13)?,
+            oldest,
+            instances: row.try_get(20)?,
+            live: row.try_get(21)?,
+        });
+    }
+    Ok(Snapshot {
+        rows: out,
+        now,
+        behind: head > checkpoint,
+    })
+}
+
+fn parse_list(text: &str) -> Result<Vec<String>, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::decode(0, e))
+}
+
+/// Whether the catch-up projector is behind the log, on a connection inside a read.
+pub(crate) fn sqlite_behind(conn: &Connection) -> Result<bool, StoreError> {
+    let (head, checkpoint) = conn
+        .prepare_cached(wharf_store::sqlite::CATCH_UP_CHECK)?
+        .query_row([DeclarerAttempts::NAME], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+        })?;
+    Ok(head > checkpoint)
+}
+
+/// The summary page on SQLite, in one read transaction; `now` is the store's clock and
+/// `ttl_micros` decides which instances count as live.
+pub(crate) async fn sqlite_summaries(
+    store: &SqliteStore,
+    page: PageKeys,
+    now: DateTime<Utc>,
+    ttl_micros: i64,
+) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
+    let live_after = now.timestamp_micros().saturating_sub(ttl_micros);
+    store
+        .read(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+            let behind = sqlite_behind(&tx)?;
+            let sql = page_sql('?', page.topic.is_some(), page.waiting);
+            let effective = crate::rows::sqlite_effective(&tx, &sql, &page)?;
+            let mut oldest = tx.prepare_cached(crate::rows::SQLITE_WAITERS)?;
+            let mut count_waiters = tx.prepare_cached(SQLITE_COUNT_WAITERS)?;
+            let mut count_instances = tx.prepare_cached(SQLITE_COUNT_INSTANCES)?;
+            let mut rows = Vec::with_capacity(effective.len());
+            for e in effective {
+                let first = oldest
+                    .query_map(params![e.group, i64::MIN, "", 1], |r| {
+                        Ok((
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            (r.get::<_, String>(3)?, r.get::<_, Option<String>>(4)?),
+                            (r.get::<_, i64>(5)?, r.get::<_, i64>(6)?),
+                        ))
+                    })?
+                    .next()
+                    .transpose()?;
+                let oldest = match first {
+                    Some((declarer, version, (patterns, incumbent), (declared, attempt))) => {
+                        Some(crate::views::WaitingRow {
+                            group: e.group.clone(),
+                            declarer,
+                            version,
+                            patterns: parse_list(&patterns)?,
+                            incumbent: incumbent
+                                .as_deref()
+                                .map(parse_list)
+                                .transpose()?
+                                .unwrap_or_default(),
+                            declared_at: from_micros(declared),
+                            attempt_at: from_micros(attempt),
+                        })
+                    }
+                    None => None,
+                };
+                let waiters = count_waiters.query_row([&e.group], |r| r.get::<_, i64>(0))?;
+                let (instances, live) = count_instances
+                    .query_row(params![e.group, live_after], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+                    })?;
+                rows.push(SummaryRow {
+                    effective: e,
+                    waiters,
+                    oldest,
+                    instances,
+                    live,
+                });
+            }
+            drop((oldest, count_waiters, count_instances));
+            tx.commit()?;
+            Ok(Snapshot { rows, now, behind })
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_stops_at_the_cap_and_says_more() {
+        assert_eq!(
+            MemberCount::of(0),
+            MemberCount {
+                count: 0,
+                more: false
+            }
+        );
+        assert_eq!(
+            MemberCount::of(100),
+            MemberCount {
+                count: 100,
+                more: false
+            }
+        );
+        assert_eq!(
+            MemberCount::of(101),
+            MemberCount {
+                count: 100,
+                more: true
+            }
+        );
+    }
+
+    #[test]
+    fn every_waiter_count_stops_one_past_the_cap() {
+        let cap = format!("LIMIT {FETCH_CAP})");
+        assert!(
+            SQLITE_COUNT_WAITERS.contains(&cap),
+            "{SQLITE_COUNT_WAITERS}"
+        );
+        assert!(pg_summary_sql(false, false).contains(&format!("LIMIT {FETCH_CAP}) w")));
+    }
+
+    #[test]
+    fn the_postgres_statement_numbers_its_parameters_without_gaps() {
+        for (topic, waiting) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sql = pg_summary_sql(topic, waiting);
+            let last = if topic { 5 } else { 4 };
+            for n in 1..=last {
+                assert!(sql.contains(&format!("${n}")), "${n} missing: {sql}");
+            }
+            assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Where a listing read's time goes (ADR 0038), on the bench's ledger: each part of a read
+//! timed alone, one caller at a time (no concurrency), median and p99 of `runs` calls.
+//!
+//! - a bare round trip (`SELECT 1` on Postgres; an empty read on SQLite's reader pool) and a
+//!   bare HTTP round trip (`/healthz`, which touches no store);
+//! - the reads a page made before ADR 0038, each alone: the catch-up check, the store's clock,
+//!   the page, the waiters, the instances (the public statements, run as the code ran them),
+//!   the queue figures;
+//! - the one-statement summary page and one-group read through `ReadModel`, and the queue
+//!   figures beside them;
+//! - JSON: encoding a page of 100 groups as the listing answered it before (each with a page
+//!   of 100 waiters and of 100 instances) and as summaries, with the bytes of each.
+
+use std::future::Future;
+use std::time::Instant;
+
+use wharf::domain::GroupName;
+use wharf::projections::rows::{page_sql, PG_INSTANCES, PG_WAITERS};
+use wharf::projections::{GroupQuery, MemberQuery, ReadModel};
+use wharf::queue::{Queue, QueueSettings};
+use wharf::store::Store;
+
+async fn timed<F, Fut, T>(runs: usize, mut call: F) -> (f64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let mut millis = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let start = Instant::now();
+        std::hint::black_box(call().await);
+        millis.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    millis.sort_by(f64::total_cmp);
+    let at = |q: f64| millis[((millis.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+fn row(what: &str, (p50, p99): (f64, f64), note: &str) {
+    println!("| {what} | {p50:.3} | {p99:.3} | {note} |");
+}
+
+/// Prints the profile table for the store behind `read` and the API at `base`.
+pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, runs: usize) {
+    let store = read.store().clone();
+    let queue = Queue::new(store.clone(), QueueSettings::default());
+    let first = read
+        .groups_page(&GroupQuery::default())
+        .await
+        .expect("a page");
+    let names: Vec<GroupName> = first
+        .groups
+        .iter()
+        .map(|g| GroupName::parse("group", &g.group).expect("a name"))
+        .collect();
+    let texts: Vec<String> = names.iter().map(ToString::to_string).collect();
+    println!();
+    println!("| part of a read (one caller) | p50 ms | p99 ms | note |");
+    println!("|---|---|---|---|");
+    let healthz = format!("{base}/healthz");
+    row(
+        "HTTP round trip, no store (`/healthz`)",
+        timed(runs, || async {
+            client
+                .get(&healthz)
+                .send()
+                .await
+                .expect("healthz")
+                .bytes()
+                .await
+                .expect("a body")
+                .len()
+        })
+        .await,
+        "hyper + reqwest on loopback",
+    );
+    match &store {
+        Store::Postgres(pg) => {
+            row(
+                "store round trip (`SELECT 1`)",
+                timed(runs, || async {
+                    sqlx::query_scalar::<_, i32>("SELECT 1")
+                        .fetch_one(pg.pool())
+                        .await
+                        .expect("select 1")
+                })
+                .await,
+                "pool acquire + one statement",
+            );
+            row(
+                "store round trip, unnamed (`SELECT 1`)",
+                timed(runs, || async {
+                    sqlx::query_scalar::<_, i32>("SELECT 1")
+                        .persistent(false)
+                        .fetch_one(pg.pool())
+                        .await
+                        .expect("select 1")
+                })
+                .await,
+                "parsed and planned per call",
+            );
+            let page = page_sql('$', false, false);
+            row(
+                "before: page statement",
+                timed(runs, || async {
+                    sqlx::query(&page)
+                        .bind("")
+                        .bind(101_i64)
+                        .persistent(false)
+                        .fetch_all(pg.pool())
+                        .await
+                        .expect("page")
+                        .len()
+                })
+                .await,
+                "101 effective rows",
+            );
+            row(
+                "before: waiters statement",
+                timed(runs, || async {
+                    sqlx::query(PG_WAITERS)
+                        .bind(&texts)
+                        .bind(None::<chrono::DateTime<chrono::Utc>>)
+                        .bind(None::<String>)
+                        .bind(101_i64)
+                        .persistent(false)
+                        .fetch_all(pg.pool())
+                        .await
+                        .expect("waiters")
+                        .len()
+                })
+                .await,
+                "up to 101 per group of the page",
+            );
+            row(
+                "before: instances statement",
+                timed(runs, || async {
+                    sqlx::query(PG_INSTANCES)
+                        .bind(&texts)
+                        .bind("")
+                        .bind(101_i64)
+                        .persistent(false)
+                        .fetch_all(pg.pool())
+                        .await
+                        .expect("instances")
+                        .len()
+                })
+                .await,
+                "up to 101 per group of the page",
+            );
+        }
+        Store::Sqlite(s) => {
+            row(
+                "store round trip (empty read)",
+                timed(runs, || async {
+                    s.read(|_| Ok(())).await.expect("a read");
+                })
+                .await,
+                "reader pool + blocking thread",
+            );
+        }
+    }
+    row(
+        "before: catch-up check (`ReadModel::catch_up`, nothing new)",
+        timed(runs, || async { read.catch_up().await.expect("catch up") }).await,
+        "one statement",
+    );
+    row(
+        "before: the store's clock (`Store::now`)",
+        timed(runs, || async { store.now().await.expect("now") }).await,
+        "one statement on Postgres, none on SQLite",
+    );
+    row(
+        "queue figures of the page (`group_stats_of`)",
+        timed(runs, || async {
+            queue.group_stats_of(&names).await.expect("stats").len()
+        })
+        .await,
+        "one statement, kept (ADR 0038)",
+    );
+    row(
+        "now: summary page (`groups_page`)",
+        timed(runs, || async {
+            read.groups_page(&GroupQuery::default())
+                .await
+                .expect("a page")
+                .groups
+                .len()
+        })
+        .await,
+        "one statement on Postgres, one read transaction on SQLite",
+    );
+    let one = names.first().expect("a group").clone();
+    row(
+        "now: one group (`group_members`)",
+        timed(runs, || async {
+            read.group_members(&one, &MemberQuery::default())
+                .await
+                .expect("a group")
+                .is_some()
+        })
+        .await,
+        "one statement on Postgres, one read transaction on SQLite",
+    );
+    // JSON: the page as it was answered (each group with a page of its members) and now.
+    let mut views = Vec::new();
+    for name in &names {
+        let view = read
+            .group_members(name, &MemberQuery::default())
+            .await
+            .expect("a group")
+            .expect("declared");
+        views.push(view);
+    }
+    let before_bytes = serde_json::to_vec(&views).expect("json").len();
+    let now_bytes = serde_json::to_vec(&first.groups).expect("json").len();
+    row(
+        &format!("JSON encode, before: 100 groups with members ({before_bytes} bytes)"),
+        timed(runs, || async {
+            serde_json::to_vec(&views).expect("json").len()
+        })
+        .await,
+        "serde_json, the views alone (no queue figures)",
+    );
+    row(
+        &format!("JSON encode, now: 100 summaries ({now_bytes} bytes)"),
+        timed(runs, || async {
+            serde_json::to_vec(&first.groups).expect("json").len()
+        })
+        .await,
+        "serde_json, the summaries alone",
+    );
+}
