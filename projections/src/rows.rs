@@ -536,6 +536,28 @@ struct JsonInstance {
     heartbeat_at: DateTime<Utc>,
 }
 
+/// The effective row of `group` from a one-read statement's columns 4 to 12 (topic, declarer,
+/// version, patterns, previous, declared and attempt times, position, installs), the layout
+/// the page and the one-group statements share after the clock, the head and the checkpoint
+/// (0-2) and the group's name (3).
+pub(crate) fn pg_effective_columns(
+    row: &sqlx::postgres::PgRow,
+    group: String,
+) -> Result<EffectiveRow, StoreError> {
+    Ok(EffectiveRow {
+        group,
+        topic: row.try_get(4)?,
+        declarer: row.try_get(5)?,
+        version: row.try_get(6)?,
+        patterns: row.try_get(7)?,
+        previous: row.try_get(8)?,
+        declared_at: row.try_get(9)?,
+        attempt_at: row.try_get(10)?,
+        position: row.try_get(11)?,
+        installs: row.try_get(12)?,
+    })
+}
+
 fn from_json<T: serde::de::DeserializeOwned>(text: Option<String>) -> Result<Vec<T>, StoreError> {
     match text {
         Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::decode(0, e)),
@@ -572,18 +594,8 @@ pub(crate) async fn pg_group_snapshot(
         instances: Vec::new(),
     };
     if let Some(name) = row.try_get::<Option<String>, _>(3)? {
-        rows.effective.push(EffectiveRow {
-            group: name.clone(),
-            topic: row.try_get(4)?,
-            declarer: row.try_get(5)?,
-            version: row.try_get(6)?,
-            patterns: row.try_get(7)?,
-            previous: row.try_get(8)?,
-            declared_at: row.try_get(9)?,
-            attempt_at: row.try_get(10)?,
-            position: row.try_get(11)?,
-            installs: row.try_get(12)?,
-        });
+        rows.effective
+            .push(pg_effective_columns(&row, name.clone())?);
         rows.waiting = from_json::<JsonWaiter>(row.try_get(13)?)?
             .into_iter()
             .map(|w| WaitingRow {

@@ -229,18 +229,7 @@ pub(crate) async fn pg_summaries(
         let Some(group) = row.try_get::<Option<String>, _>(3)? else {
             continue;
         };
-        let effective = crate::views::EffectiveRow {
-            group: group.clone(),
-            topic: row.try_get(4)?,
-            declarer: row.try_get(5)?,
-            version: row.try_get(6)?,
-            patterns: row.try_get(7)?,
-            previous: row.try_get(8)?,
-            declared_at: row.try_get(9)?,
-            attempt_at: row.try_get(10)?,
-            position: row.try_get(11)?,
-            installs: row.try_get(12)?,
-        };
+        let effective = crate::rows::pg_effective_columns(row, group.clone())?;
         let oldest = match row.try_get::<Option<String>, _>(14)? {
             Some(declarer) => Some(crate::views::WaitingRow {
                 group,
