@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod prometheus_text;
 pub mod proxy;
 pub mod sessions;
+pub mod worker;
 
 use std::time::{Duration, Instant};
 

@@ -12,118 +12,53 @@
 //!   included), and the group ends with nothing left to claim and no dead letters.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::process::Command;
 use wharf::store::Store;
 use wharf_queue::{Headers, Queue, QueueSettings};
 use wharf_tests::fixtures::group;
+use wharf_tests::worker::{complete_lines, WorkerProcess};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const MESSAGES: i64 = 120;
 
-/// A running `swap_consumer` process with batched claims.
-struct Process {
-    child: Child,
-    states: watch::Receiver<Vec<String>>,
-    out: PathBuf,
-}
-
-impl Process {
-    async fn start(store: &TestStore, dir: &Path, name: &str) -> Self {
-        let config = store.config();
-        let out = dir.join(format!("{name}.out"));
-        let mut url = config.store.url.clone();
-        if url.starts_with("postgres") {
-            // Named, so the test can tell when the killed process's sessions are gone.
-            let separator = if url.contains('?') { '&' } else { '?' };
-            url = format!(
-                "{url}{separator}application_name={}",
-                application_name(name)
-            );
-        }
-        let mut command = Command::new(env!("CARGO_BIN_EXE_swap_consumer"));
-        command
-            .arg(&url)
-            .arg(store.schema().unwrap_or("-"))
-            .args(["g", "orders", "40"])
-            .arg(&out)
-            .arg("a/+")
-            .env("WHARF_DECLARATIONS__INSTANCE_TTL", "2s")
-            .env("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "300ms")
-            .env("WHARF_DECLARATIONS__RETRY_INTERVAL", "200ms")
-            .env("WHARF_QUEUE__CONCURRENCY", "8")
-            .env("WHARF_QUEUE__CLAIM_BATCH", "16")
-            .env("WHARF_QUEUE__VISIBILITY_TIMEOUT", "2s")
-            .env("WHARF_QUEUE__POLL_INTERVAL", "20ms")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("starting swap_consumer");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, states) = watch::channel(Vec::new());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tx.send_modify(|seen| seen.push(line));
-            }
-        });
-        Self { child, states, out }
-    }
-
-    async fn consuming(&mut self) {
-        let reached = tokio::time::timeout(
-            DEADLINE,
-            self.states
-                .wait_for(|seen| seen.iter().any(|line| line.starts_with("consuming"))),
-        )
-        .await
-        .is_ok_and(|waited| waited.is_ok());
-        assert!(
-            reached,
-            "never consumed: {:?}",
-            self.states.borrow().clone()
+/// Starts a `swap_consumer` process.
+async fn start(store: &TestStore, dir: &Path, name: &str) -> WorkerProcess {
+    let config = store.config();
+    let out = dir.join(format!("{name}.out"));
+    let mut url = config.store.url.clone();
+    if url.starts_with("postgres") {
+        // Named, so the test can tell when the killed process's sessions are gone.
+        let separator = if url.contains('?') { '&' } else { '?' };
+        url = format!(
+            "{url}{separator}application_name={}",
+            application_name(name)
         );
     }
-
-    fn handled(&self) -> Vec<i64> {
-        handled(&self.out)
-    }
-
-    async fn kill(mut self) {
-        self.child.start_kill().expect("kill -9");
-        self.child.wait().await.expect("reaping the killed process");
-    }
-
-    async fn terminate(mut self) {
-        let pid = self.child.id().expect("a running process");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-        let exited = tokio::time::timeout(DEADLINE, self.child.wait()).await;
-        assert!(
-            matches!(exited, Ok(Ok(status)) if status.success()),
-            "graceful shutdown: {exited:?}"
-        );
-    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_swap_consumer"));
+    command
+        .arg(&url)
+        .arg(store.schema().unwrap_or("-"))
+        .args(["g", "orders", "40"])
+        .arg(&out)
+        .arg("a/+")
+        .env("WHARF_DECLARATIONS__INSTANCE_TTL", "2s")
+        .env("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "300ms")
+        .env("WHARF_DECLARATIONS__RETRY_INTERVAL", "200ms")
+        .env("WHARF_QUEUE__CONCURRENCY", "8")
+        .env("WHARF_QUEUE__CLAIM_BATCH", "16")
+        .env("WHARF_QUEUE__VISIBILITY_TIMEOUT", "2s")
+        .env("WHARF_QUEUE__POLL_INTERVAL", "20ms");
+    WorkerProcess::spawn(command, out)
 }
 
-/// The positions a process's handlers recorded (complete lines only: the file may be being
-/// written as it is read).
+/// The positions a process's handlers recorded.
 fn handled(out: &Path) -> Vec<i64> {
-    let Ok(text) = std::fs::read_to_string(out) else {
-        return Vec::new();
-    };
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    complete
-        .lines()
+    complete_lines(out)
+        .iter()
         .map(|line| line.split(' ').next().unwrap().parse().unwrap())
         .collect()
 }
@@ -182,8 +117,8 @@ async fn crash_mid_batch(backend: Backend) {
     let queue = Queue::new(store.store.clone(), QueueSettings::default());
     let dir = tempfile::tempdir().unwrap();
 
-    let mut first = Process::start(&store, dir.path(), "first").await;
-    first.consuming().await;
+    let mut first = start(&store, dir.path(), "first").await;
+    first.reached("consuming").await;
     let batch = (1..=MESSAGES)
         .map(|i| {
             let subject = format!("a/{i}");
@@ -197,10 +132,10 @@ async fn crash_mid_batch(backend: Backend) {
         .into_iter()
         .collect();
     wait_until("the first process handled a third", DEADLINE, || async {
-        first.handled().len() as i64 >= MESSAGES / 3
+        handled(first.out()).len() as i64 >= MESSAGES / 3
     })
     .await;
-    let first_out = first.out.clone();
+    let first_out = first.out().to_path_buf();
     first.kill().await;
     sessions_gone(&store.store, "first").await;
 
@@ -227,12 +162,12 @@ async fn crash_mid_batch(backend: Backend) {
     );
 
     // A second process gets everything not acked, once the dead process's claims expire.
-    let mut second = Process::start(&store, dir.path(), "second").await;
-    second.consuming().await;
+    let mut second = start(&store, dir.path(), "second").await;
+    second.reached("consuming").await;
     let wanted: BTreeSet<i64> = published.difference(&acked).copied().collect();
     let start = std::time::Instant::now();
     loop {
-        let got: BTreeSet<i64> = second.handled().into_iter().collect();
+        let got: BTreeSet<i64> = handled(second.out()).into_iter().collect();
         if got.is_superset(&wanted) {
             break;
         }
@@ -243,7 +178,7 @@ async fn crash_mid_batch(backend: Backend) {
                 "timed out: the second process has not handled {missing:?}; still unacked \
                  {:?}; {stats:?}; its states {:?}",
                 unacked(&store.store).await,
-                second.states.borrow().clone()
+                second.states()
             );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -257,7 +192,7 @@ async fn crash_mid_batch(backend: Backend) {
         s.routed_lag == 0 && s.claimable + s.in_flight + s.backing_off == 0
     })
     .await;
-    let by_second: BTreeSet<i64> = second.handled().into_iter().collect();
+    let by_second: BTreeSet<i64> = handled(second.out()).into_iter().collect();
     second.terminate().await;
     assert_eq!(
         by_second, wanted,

@@ -14,16 +14,14 @@
 //!   committed: at-least-once).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::sync::watch;
+use tokio::process::Command;
 use wharf_queue::{Headers, Queue, QueueSettings};
 use wharf_tests::fixtures::group;
+use wharf_tests::worker::{complete_lines, WorkerProcess};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -35,92 +33,27 @@ enum Stop {
     Graceful,
 }
 
-/// A running `swap_consumer` process.
-struct Process {
-    child: Child,
-    states: watch::Receiver<Vec<String>>,
-    out: PathBuf,
+/// Starts a `swap_consumer` process.
+async fn start(store: &TestStore, dir: &Path, name: &str, patterns: &[&str]) -> WorkerProcess {
+    let config = store.config();
+    let out = dir.join(format!("{name}.out"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_swap_consumer"));
+    command
+        .arg(&config.store.url)
+        .arg(store.schema().unwrap_or("-"))
+        .args(["g", "orders", "300"])
+        .arg(&out)
+        .args(patterns)
+        .env("WHARF_DECLARATIONS__INSTANCE_TTL", "2s")
+        .env("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "300ms")
+        .env("WHARF_DECLARATIONS__RETRY_INTERVAL", "200ms");
+    WorkerProcess::spawn(command, out)
 }
 
-impl Process {
-    async fn start(store: &TestStore, dir: &Path, name: &str, patterns: &[&str]) -> Self {
-        let config = store.config();
-        let out = dir.join(format!("{name}.out"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_swap_consumer"));
-        command
-            .arg(&config.store.url)
-            .arg(store.schema().unwrap_or("-"))
-            .args(["g", "orders", "300"])
-            .arg(&out)
-            .args(patterns)
-            .env("WHARF_DECLARATIONS__INSTANCE_TTL", "2s")
-            .env("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "300ms")
-            .env("WHARF_DECLARATIONS__RETRY_INTERVAL", "200ms")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        let mut child = command.spawn().expect("starting swap_consumer");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, states) = watch::channel(Vec::new());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tx.send_modify(|seen| seen.push(line));
-            }
-        });
-        Self { child, states, out }
-    }
-
-    /// Waits until the process has printed a state starting with `prefix`.
-    async fn reached(&mut self, prefix: &str) {
-        let wanted = prefix.to_owned();
-        let reached = tokio::time::timeout(
-            DEADLINE,
-            self.states
-                .wait_for(|seen| seen.iter().any(|line| line.starts_with(&wanted))),
-        )
-        .await
-        .is_ok_and(|waited| waited.is_ok());
-        assert!(
-            reached,
-            "never reached {prefix:?}: {:?}",
-            self.states.borrow().clone()
-        );
-    }
-
-    /// The messages its handler finished: (position, subject, routed_by).
-    fn handled(&self) -> Vec<(i64, String, i64)> {
-        handled(&self.out)
-    }
-
-    async fn kill(mut self) {
-        self.child.start_kill().expect("kill -9");
-        self.child.wait().await.expect("reaping the killed process");
-    }
-
-    async fn terminate(mut self) {
-        let pid = self.child.id().expect("a running process");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-        let exited = tokio::time::timeout(DEADLINE, self.child.wait()).await;
-        assert!(
-            matches!(exited, Ok(Ok(status)) if status.success()),
-            "graceful shutdown: {exited:?}"
-        );
-    }
-}
-
+/// The messages a process's handler finished: (position, subject, routed_by).
 fn handled(out: &Path) -> Vec<(i64, String, i64)> {
-    let Ok(text) = std::fs::read_to_string(out) else {
-        return Vec::new();
-    };
-    // The worker may be writing a line as it is read: only complete lines count.
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    complete
-        .lines()
+    complete_lines(out)
+        .iter()
         .map(|line| {
             let mut fields = line.split(' ');
             let position = fields.next().unwrap().parse().unwrap();
@@ -154,9 +87,9 @@ async fn never_a_union_across_processes(backend: Backend, stop: Stop) {
     let queue = Queue::new(store.store.clone(), QueueSettings::default());
     let dir = tempfile::tempdir().unwrap();
 
-    let mut old = Process::start(&store, dir.path(), "old", &["x/+"]).await;
+    let mut old = start(&store, dir.path(), "old", &["x/+"]).await;
     old.reached("consuming").await;
-    let mut new = Process::start(&store, dir.path(), "new", &["y/+"]).await;
+    let mut new = start(&store, dir.path(), "new", &["y/+"]).await;
     new.reached("waiting").await;
 
     let mut subjects_published: Vec<String> = (1..=15)
@@ -169,10 +102,10 @@ async fn never_a_union_across_processes(backend: Backend, stop: Stop) {
         .collect();
     wharf.publish("orders", batch).await.unwrap();
     wait_until("the old process handled two", DEADLINE, || async {
-        old.handled().len() >= 2
+        handled(old.out()).len() >= 2
     })
     .await;
-    let old_out = old.out.clone();
+    let old_out = old.out().to_path_buf();
     match stop {
         Stop::Kill => old.kill().await,
         Stop::Graceful => old.terminate().await,
@@ -182,11 +115,11 @@ async fn never_a_union_across_processes(backend: Backend, stop: Stop) {
 
     new.reached("consuming").await;
     wait_until("the new process handled every y", DEADLINE, || async {
-        new.handled().len() >= 15
+        handled(new.out()).len() >= 15
     })
     .await;
     settled(&queue).await;
-    let by_new = new.handled();
+    let by_new = handled(new.out());
     let mut got = subjects(&by_new);
     got.sort();
     let mut ys: Vec<String> = (1..=15).map(|i| format!("y/{i}")).collect();
@@ -208,24 +141,24 @@ async fn never_a_union_across_processes(backend: Backend, stop: Stop) {
     );
 
     // Rollback: the y process leaves; an x process hands out what the old one did not finish.
-    let new_out = new.out.clone();
+    let new_out = new.out().to_path_buf();
     new.terminate().await;
     assert_eq!(
         handled(&new_out).len(),
         15,
         "nothing more reached the y process"
     );
-    let mut back = Process::start(&store, dir.path(), "back", &["x/+"]).await;
+    let mut back = start(&store, dir.path(), "back", &["x/+"]).await;
     back.reached("consuming").await;
     let done_before: BTreeSet<String> = subjects(&old_handled).into_iter().collect();
     wait_until("the rollback finished every x", DEADLINE, || async {
-        let mut all: BTreeSet<String> = subjects(&back.handled()).into_iter().collect();
+        let mut all: BTreeSet<String> = subjects(&handled(back.out())).into_iter().collect();
         all.extend(done_before.iter().cloned());
         all.len() >= 15
     })
     .await;
     settled(&queue).await;
-    let by_back = back.handled();
+    let by_back = handled(back.out());
     assert!(
         by_back.iter().all(|(_, s, _)| s.starts_with("x/")),
         "{by_back:?}"
