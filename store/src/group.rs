@@ -127,11 +127,10 @@ impl LockedAggregate for GroupLock {
         extra: &GroupExtra,
         source: &str,
     ) -> Result<Option<String>, StoreError> {
-        if extra.saved_state.is_some() {
+        // A saved state is written in the transaction form; so is an extra without a heartbeat,
+        // which the decision never builds (it sends no extra then).
+        let (None, Some(heartbeat)) = (&extra.saved_state, &extra.heartbeat) else {
             return Ok(None);
-        }
-        let Some(heartbeat) = &extra.heartbeat else {
-            return Ok(Some(format!("SELECT 1 FROM {source}")));
         };
         let values = [
             "$1".to_owned(),
