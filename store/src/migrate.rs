@@ -53,6 +53,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(10, "postgres", "0010_managed_filter_fillfactor.sql"),
     migration!(11, "postgres", "0011_expect_version.sql"),
     migration!(12, "postgres", "0012_group_snapshot.sql"),
+    migration!(13, "postgres", "0013_claim_function.sql"),
 ];
 
 /// The schema version this build needs.

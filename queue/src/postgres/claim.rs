@@ -45,67 +45,23 @@ type SettlingClaimRow = (
     Option<i64>,
 );
 
-/// The claim statement (`$1` group, `$2` max, `$3` instance, `$4` token, `$5` visibility
-/// seconds, `$6` fence). One autocommit statement: the picked rows are locked SKIP LOCKED
-/// inside it, and `ANY(ARRAY(...))` keeps an index scan even under a generic plan.
+/// The claim call (`$1` group, `$2` max, `$3` instance, `$4` token, `$5` visibility seconds,
+/// `$6` fence, `$7` and `$8` the acks' positions and tokens, empty when none): one autocommit
+/// statement that first settles the acks of the same group and then claims, in one commit
+/// (ADR 0035), so a consumer's acks ride on its next claim instead of a commit of their own.
 ///
-/// Only deliveries stamped with the install in effect are claimable (ADR 0014): a swap leaves
-/// the older ones to the router, which re-stamps what the new set matches and sets the rest
-/// aside. With a fence, nothing is claimable once the install has moved on from the one the
-/// caller joined. The row lock re-checks `routed_by` on a row re-stamped after the statement's
-/// snapshot.
-///
-/// The floor and the install are two scalar subqueries by primary key (each an InitPlan run
-/// once), not a CTE joining the two tables: the same rows from the same snapshot, and a missing
-/// row is NULL either way (nothing claimable), but cheaper to plan and run on every call
-/// (measured: the CTE form cost ~13% more per claim statement than the statement before the
-/// fence, this form ~6%).
-/// The claim's `claimed` CTE, with `$extra` added to the pick's conditions: one text for both
-/// statements below, so the fence and the floor cannot drift between them.
-macro_rules! claimed_cte {
-    ($extra:literal) => {
-        concat!(
-            "claimed AS ( \
-               UPDATE delivery d SET attempts = d.attempts + 1, claimed_by = $3, claim_token = $4, \
-                 visible_at = clock_timestamp() + make_interval(secs => $5) \
-               WHERE d.group_name = $1 AND d.position = ANY(ARRAY( \
-                 SELECT position FROM delivery \
-                 WHERE group_name = $1 AND visible_at <= clock_timestamp() \
-                   AND position >= (SELECT claim_floor FROM consumer_group WHERE group_name = $1) \
-                   AND routed_by = (SELECT position FROM effective_declaration \
-                     WHERE group_name = $1 AND ($6::bigint IS NULL OR position = $6)) ",
-            $extra,
-            " ORDER BY position LIMIT $2 FOR UPDATE SKIP LOCKED)) \
-               RETURNING d.topic, d.position, d.attempts, d.routed_by)"
-        )
-    };
-}
-
-const CLAIM: &str = concat!(
-    "WITH ",
-    claimed_cte!(""),
-    " SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
-            m.headers::text, m.published_at \
-     FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position"
-);
-
-/// [`CLAIM`] that first settles the acks `($7 positions, $8 tokens)` of the same group, in the
-/// same statement and so the same commit (ADR 0035): a consumer's acks ride on its next claim
-/// instead of a commit of their own. The acked positions are excluded from the claim's pick, so
-/// no row is both deleted and updated by the one statement (an expired claim being acked could
-/// otherwise be claimed again in it).
-const ACK_AND_CLAIM: &str = concat!(
-    "WITH acked AS ( \
-       DELETE FROM delivery d USING unnest($7::bigint[], $8::bigint[]) AS s(position, token) \
-       WHERE d.group_name = $1 AND d.position = s.position AND d.claim_token = s.token \
-       RETURNING d.position, d.claim_token), ",
-    claimed_cte!("AND position <> ALL($7::bigint[])"),
-    " SELECT c.position, c.attempts, c.routed_by, c.topic, m.subject, m.payload, \
-            m.headers::text, m.published_at, NULL::bigint \
-     FROM claimed c JOIN message m ON m.topic = c.topic AND m.position = c.position \
-     UNION ALL \
-     SELECT a.position, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.claim_token FROM acked a"
-);
+/// The statement itself is the `wharf_claim` function (Postgres migration 0013, ADR 0042):
+/// the picked rows are locked SKIP LOCKED inside it, only deliveries stamped with the install
+/// in effect are claimable (ADR 0014), and with a fence nothing is claimable once the install
+/// has moved on from the one the caller joined; the acked positions are excluded from the pick,
+/// so no row is both deleted and updated by the one statement. The call is an ordinary cached
+/// statement, one round trip (the unnamed statement it replaces took two: Parse/Describe, then
+/// Bind/Execute); inside, the function still plans its statement on every call with the call's
+/// values (`plan_cache_mode = force_custom_plan`), so no plan chosen while `delivery` was
+/// small can stick as it grows (ADR 0007).
+const CLAIM: &str = "SELECT c_position, c_attempts, c_routed_by, c_topic, c_subject, c_payload, \
+       c_headers, c_published_at, c_acked_token \
+     FROM wharf_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
 /// (`(position, token)` of the same group) in the same statement; also reports how many
@@ -121,74 +77,47 @@ pub(crate) async fn claim(
 ) -> Result<ClaimStep, QueueError> {
     let token: i64 = rand::random();
     let visibility = settings.visibility_timeout.as_secs_f64();
-    // Planned on every call, never cached: a plan chosen while `delivery` was small (a
-    // sequential scan and sort) would otherwise stay in the connection's cache as the table
-    // grows, and a claim's cost would grow with it. Planning costs ~0.1 ms.
-    let mut rows: Vec<ClaimRow> = Vec::new();
+    let positions: Vec<i64> = acks.iter().map(|a| a.0).collect();
+    let tokens: Vec<i64> = acks.iter().map(|a| a.1).collect();
+    let settling: Vec<SettlingClaimRow> = sqlx::query_as(CLAIM)
+        .bind(group.as_str())
+        .bind(max)
+        .bind(instance)
+        .bind(token)
+        .bind(visibility)
+        .bind(fence)
+        .bind(&positions)
+        .bind(&tokens)
+        .fetch_all(store.pool())
+        .await?;
+    let mut rows: Vec<ClaimRow> = Vec::with_capacity(settling.len());
     let mut acked = HashSet::new();
-    if acks.is_empty() {
-        rows = sqlx::query_as(CLAIM)
-            .bind(group.as_str())
-            .bind(max)
-            .bind(instance)
-            .bind(token)
-            .bind(visibility)
-            .bind(fence)
-            .persistent(false)
-            .fetch_all(store.pool())
-            .await?;
-    } else {
-        let positions: Vec<i64> = acks.iter().map(|a| a.0).collect();
-        let tokens: Vec<i64> = acks.iter().map(|a| a.1).collect();
-        let settling: Vec<SettlingClaimRow> = sqlx::query_as(ACK_AND_CLAIM)
-            .bind(group.as_str())
-            .bind(max)
-            .bind(instance)
-            .bind(token)
-            .bind(visibility)
-            .bind(fence)
-            .bind(&positions)
-            .bind(&tokens)
-            .persistent(false)
-            .fetch_all(store.pool())
-            .await?;
-        for row in settling {
-            match row {
-                (position, _, _, _, _, _, _, _, Some(acked_token)) => {
-                    acked.insert((position, acked_token));
-                }
-                (
-                    position,
-                    Some(a),
-                    Some(r),
-                    Some(t),
-                    Some(s),
-                    Some(p),
-                    Some(h),
-                    Some(at),
-                    None,
-                ) => {
-                    rows.push((position, a, r, t, s, p, h, at));
-                }
-                other => {
-                    return Err(QueueError::Store(wharf_store::StoreError::Task(format!(
-                        "the claim statement returned an incomplete row: {other:?}"
-                    ))))
-                }
+    for row in settling {
+        match row {
+            (position, _, _, _, _, _, _, _, Some(acked_token)) => {
+                acked.insert((position, acked_token));
+            }
+            (position, Some(a), Some(r), Some(t), Some(s), Some(p), Some(h), Some(at), None) => {
+                rows.push((position, a, r, t, s, p, h, at));
+            }
+            other => {
+                return Err(QueueError::Store(wharf_store::StoreError::Task(format!(
+                    "the claim statement returned an incomplete row: {other:?}"
+                ))))
             }
         }
-        if acked.len() < acks.len() {
-            let missed: Vec<&(i64, i64)> = acks.iter().filter(|k| !acked.contains(*k)).collect();
-            let groups: Vec<&str> = missed.iter().map(|_| group.as_str()).collect();
-            let positions: Vec<i64> = missed.iter().map(|k| k.0).collect();
-            let tokens: Vec<i64> = missed.iter().map(|k| k.1).collect();
-            let settled = settle_set_aside(store, &groups, &positions, &tokens).await?;
-            acked.extend(
-                settled
-                    .into_iter()
-                    .map(|(_, position, token)| (position, token)),
-            );
-        }
+    }
+    if acked.len() < acks.len() {
+        let missed: Vec<&(i64, i64)> = acks.iter().filter(|k| !acked.contains(*k)).collect();
+        let groups: Vec<&str> = missed.iter().map(|_| group.as_str()).collect();
+        let positions: Vec<i64> = missed.iter().map(|k| k.0).collect();
+        let tokens: Vec<i64> = missed.iter().map(|k| k.1).collect();
+        let settled = settle_set_aside(store, &groups, &positions, &tokens).await?;
+        acked.extend(
+            settled
+                .into_iter()
+                .map(|(_, position, token)| (position, token)),
+        );
     }
     rows.sort_by_key(|row| row.0);
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
