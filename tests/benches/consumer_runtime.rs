@@ -10,8 +10,11 @@
 //! - **The runtime at the same batch size and concurrency**: [`CONSUMERS`] consumers (two
 //!   instances of the group, like two processes; each one claim loop, so two claim statements
 //!   in flight at most, as the plain queue's two tasks), each `queue.claim_batch` 10 and
-//!   `queue.concurrency` 10 (a whole batch handled at once). New ratio: this / the strongest
-//!   plain queue. Goal >= 0.50 on Postgres, >= 0.70 on SQLite.
+//!   `queue.concurrency` 10 (a whole batch handled at once). Each fetch settles the acks of
+//!   the handlers done since the last one and claims the next batch in one statement (ADR
+//!   0035; on Postgres one call of the cached `SELECT ... FROM wharf_claim(...)`, one round
+//!   trip, ADR 0042), and routes only when that claim comes back short. New ratio: this / the
+//!   strongest plain queue. Goal >= 0.50 on Postgres, >= 0.70 on SQLite.
 //! - **The runtime at its defaults** (one consumer, claim_batch 32, concurrency 8), and the old
 //!   baseline (the `queue_claim` plain loop: two tasks, claim 10 with one statement, then ack
 //!   each with a `DELETE` of its own). Old ratio: defaults / old baseline, as this bench
