@@ -269,9 +269,7 @@ mod tests {
     fn migrated() -> (Reconciler, Vec<Action>) {
         let shared = ExactFilter::parse_field("filter", "$share/g/a/#").expect("valid");
         let history = BTreeMap::from([(shared.clone(), FilterRecord::default())]);
-        let settings = ReconcileSettings {
-            unmatched_grace: Duration::from_secs(1),
-        };
+        let settings = ReconcileSettings::new(Duration::from_secs(1));
         let mut machine = Reconciler::new(Vec::new(), history, settings).expect("valid");
         let at = Duration::ZERO;
         let feed = |machine: &mut Reconciler, input| machine.handle(input, at);
