@@ -265,3 +265,73 @@ on_both_backends!(
     a_reconcile_larger_than_a_wave_remembers_in_waves,
     a_reconcile_larger_than_a_wave_remembers_in_waves
 );
+
+/// Records each batch it is handed: its messages and payload bytes.
+#[derive(Default)]
+struct Batches(std::sync::Mutex<Vec<(usize, usize)>>);
+
+#[async_trait::async_trait]
+impl wharf::sessions::MqttHandler for Batches {
+    async fn handle(
+        &self,
+        batch: &[wharf::sessions::MqttMessage],
+    ) -> Result<(), wharf::HandlerError> {
+        let bytes = batch.iter().map(|m| m.message.payload.len()).sum();
+        self.0
+            .lock()
+            .expect("the batches")
+            .push((batch.len(), bytes));
+        Ok(())
+    }
+}
+
+/// A backlog the broker kept for the offline session arrives at once (some of it before the
+/// SUBACK): it is committed in batches of at most `mqtt.ingest_batch` deliveries, each
+/// stopping once its payloads reach `mqtt.ingest_batch_bytes`, and every delivery is handled.
+async fn a_backlog_is_committed_in_batches_bounded_by_count_and_bytes(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("backlog");
+    let mut config = config(&ts, &unique("wharf-backlog"), &[&format!("{root}/#")]);
+    config.mqtt.ingest_batch = 3;
+    config.mqtt.ingest_batch_bytes = 1024;
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    // Subscribed once, then offline: the broker keeps what is published meanwhile.
+    let first = wharf.start_sessions(&config).expect("starts");
+    wait_status(&first[0], "Full", |s| s.level == SessionLevel::Full).await;
+    sessions::shutdown(first).await;
+    let big = "x".repeat(600);
+    for i in 0..6 {
+        publish(&format!("{root}/big/{i}"), &big).await;
+    }
+    for i in 0..6 {
+        publish(&format!("{root}/small/{i}"), "s").await;
+    }
+
+    let batches = std::sync::Arc::new(Batches::default());
+    let runtimes = wharf
+        .start_sessions_with(&config, batches.clone())
+        .expect("starts");
+    wait_status(&runtimes[0], "the backlog handled", |s| s.ingested == 12).await;
+    let seen = batches.0.lock().expect("the batches").clone();
+    assert_eq!(seen.iter().map(|b| b.0).sum::<usize>(), 12, "{seen:?}");
+    for (count, bytes) in &seen {
+        assert!(*count <= 3, "a commit above ingest_batch: {seen:?}");
+        // A batch stops once it reached 1,024 bytes: two of the 600-byte messages at most.
+        assert!(
+            *bytes <= 1200,
+            "a commit far above ingest_batch_bytes: {seen:?}"
+        );
+    }
+    assert!(
+        seen.len() >= 5,
+        "six large and six small need five commits: {seen:?}"
+    );
+    sessions::shutdown(runtimes).await;
+}
+
+on_both_backends!(
+    a_backlog_is_committed_in_batches_bounded_by_count_and_bytes,
+    a_backlog_is_committed_in_batches_bounded_by_count_and_bytes
+);

@@ -260,14 +260,21 @@ impl<'a> Run<'a> {
         Ok(Connection { handle, deliveries })
     }
 
-    /// Takes a delivery and whatever else is already waiting (up to a batch).
+    /// Takes a delivery and whatever else is already waiting, up to a batch: `ingest_batch`
+    /// deliveries, and no more once their payloads reach `ingest_batch_bytes`.
     fn receive(&mut self, first: Delivery, connection: &mut Connection) {
+        let mut bytes = first.payload.len();
         self.park(first);
-        while self.parked.len() < self.settings.ingest_batch {
+        while self.parked.len() < self.settings.ingest_batch
+            && bytes < self.settings.ingest_batch_bytes
+        {
             // Outside the task's cooperative budget: a budget spent by the loop would make a
             // ready delivery look pending and cut the batch short (64 of 100 seen under load).
             match tokio::task::unconstrained(connection.deliveries.next()).now_or_never() {
-                Some(Ok(delivery)) => self.park(delivery),
+                Some(Ok(delivery)) => {
+                    bytes += delivery.payload.len();
+                    self.park(delivery);
+                }
                 _ => break,
             }
         }
@@ -568,11 +575,35 @@ impl<'a> Run<'a> {
     }
 
     /// Hands the dispatched batch to the handler, then acks each delivery on its connection.
+    /// Hands the dispatched deliveries to the handler in commits of at most `ingest_batch`
+    /// deliveries and `ingest_batch_bytes` of payload (deliveries that waited for the
+    /// SUBACK dispatch together), acking each commit's deliveries after it.
     async fn flush(&mut self, connection: &Connection) -> Step {
-        if self.batch.is_empty() {
-            return Step::Continue;
+        while !self.batch.is_empty() {
+            let take = self.next_commit_len();
+            let batch: Vec<_> = self.batch.drain(..take).collect();
+            if let Step::End(outcome) = self.commit(batch, connection).await {
+                return Step::End(outcome);
+            }
         }
-        let batch = std::mem::take(&mut self.batch);
+        Step::Continue
+    }
+
+    /// How many of the dispatched deliveries the next commit takes (at least one).
+    fn next_commit_len(&self) -> usize {
+        let mut bytes = 0;
+        let mut take = 0;
+        for (_, delivery) in self.batch.iter().take(self.settings.ingest_batch.max(1)) {
+            if take > 0 && bytes >= self.settings.ingest_batch_bytes {
+                break;
+            }
+            bytes += delivery.payload.len();
+            take += 1;
+        }
+        take
+    }
+
+    async fn commit(&mut self, batch: Vec<(u64, Delivery)>, connection: &Connection) -> Step {
         let mut messages = Vec::with_capacity(batch.len());
         for (_, delivery) in &batch {
             let Some(log_topic) = self.log_topic(&delivery.topic) else {
@@ -591,7 +622,7 @@ impl<'a> Run<'a> {
         if let Err(e) = self.handler.handle(&messages).await {
             return Step::End(self.retry(format!(
                 "the handler failed ({e}); {} deliveries stay unacked for the broker to replay",
-                batch.len()
+                batch.len() + self.batch.len()
             )));
         }
         for (_, delivery) in &batch {

@@ -36,6 +36,8 @@ pub struct RuntimeSettings {
     pub subscribe_timeout: Duration,
     /// `mqtt.ingest_batch`.
     pub ingest_batch: usize,
+    /// `mqtt.ingest_batch_bytes`.
+    pub ingest_batch_bytes: usize,
     /// The password, resolved from the configuration (never logged).
     pub password: Option<String>,
     /// The first retry's wait; doubled per failed run up to `retry_cap`.
