@@ -132,7 +132,15 @@ struct World {
     connected_at: Duration,
     remember: Option<Vec<(ExactFilter, Qos)>>,
     forget: Option<Vec<(ExactFilter, u8)>>,
-    last_subscribe: Option<(u64, Vec<(ExactFilter, Qos)>)>,
+    /// The most filters the first Remember may carry; each next one at most twice as many.
+    wave: usize,
+    /// Remembers the current machine instance issued.
+    remembers_issued: u32,
+    /// Subscribe actions not answered yet: connection and filters.
+    subscribes: Vec<(u64, Vec<(ExactFilter, Qos)>)>,
+    /// The current connection's SUBACK outcomes so far, and the filters sent on it.
+    answered: BTreeMap<ExactFilter, SubscribeOutcome>,
+    sent: BTreeSet<ExactFilter>,
     last_unsubscribe: Option<(u64, Vec<ExactFilter>)>,
     /// Per machine instance: generation of the newest Unsubscribe of each filter.
     unsubscribed_on: BTreeMap<ExactFilter, u64>,
@@ -155,8 +163,9 @@ impl World {
         desired: BTreeMap<ExactFilter, Qos>,
         history: BTreeSet<ExactFilter>,
         broker: BTreeSet<ExactFilter>,
+        wave: usize,
     ) -> Self {
-        let machine = build(&desired, &history);
+        let machine = build(&desired, &history, wave);
         Self {
             desired,
             machine,
@@ -168,7 +177,11 @@ impl World {
             connected_at: Duration::ZERO,
             remember: None,
             forget: None,
-            last_subscribe: None,
+            wave,
+            remembers_issued: 0,
+            subscribes: Vec::new(),
+            answered: BTreeMap::new(),
+            sent: BTreeSet::new(),
             last_unsubscribe: None,
             unsubscribed_on: BTreeMap::new(),
             removed_on: BTreeMap::new(),
@@ -193,6 +206,8 @@ impl World {
         self.generation += 1;
         self.connected = Some(self.generation);
         self.connected_at = self.now;
+        self.answered.clear();
+        self.sent.clear();
         let generation = self.generation;
         actions.extend(self.feed(Input::Connected {
             generation,
@@ -228,9 +243,12 @@ impl World {
     }
 
     fn suback(&mut self, choices: &[SubChoice]) -> Vec<Action> {
-        let Some((generation, sent)) = self.last_subscribe.take() else {
+        if self.subscribes.is_empty() {
             return Vec::new();
-        };
+        }
+        // Answers may come in any order.
+        let pick = choices.len() % self.subscribes.len();
+        let (generation, sent) = self.subscribes.remove(pick);
         let outcomes = sent
             .iter()
             .zip(
@@ -250,12 +268,16 @@ impl World {
                 Some((f.clone(), outcome))
             })
             .collect::<Vec<_>>();
-        let all_granted = self
-            .desired
-            .iter()
-            .all(|(f, q)| outcomes.iter().any(|(g, o)| g == f && o.satisfies(*q)));
-        if all_granted && self.connected == Some(generation) {
-            self.granted_on = Some(generation);
+        if self.connected == Some(generation) {
+            self.answered.extend(outcomes.iter().cloned());
+            let all_granted = self.desired.iter().all(|(f, q)| {
+                self.answered
+                    .get(f)
+                    .is_some_and(|outcome| outcome.satisfies(*q))
+            });
+            if all_granted {
+                self.granted_on = Some(generation);
+            }
         }
         self.feed(Input::SubAck {
             generation,
@@ -409,7 +431,7 @@ impl World {
         self.remember = None;
         self.forget = None;
         self.connected = None;
-        self.last_subscribe = None;
+        self.subscribes.clear();
         self.last_unsubscribe = None;
         self.unsubscribed_on.clear();
         self.removed_on.clear();
@@ -417,7 +439,8 @@ impl World {
         self.open_deliveries.clear();
         // A terminal machine is kept: its ledger says migration required.
         if !self.terminal {
-            self.machine = build(&self.desired, &self.durable);
+            self.machine = build(&self.desired, &self.durable, self.wave);
+            self.remembers_issued = 0;
         }
     }
 
@@ -473,6 +496,15 @@ impl World {
         match action {
             Action::Remember(list) => {
                 assert!(self.remember.is_none(), "two Remembers outstanding");
+                let most = self.wave << self.remembers_issued;
+                assert!(
+                    !list.is_empty() && list.len() <= most,
+                    "Remember {} of {} filters, first wave {}",
+                    self.remembers_issued,
+                    list.len(),
+                    self.wave
+                );
+                self.remembers_issued += 1;
                 self.remember = Some(list.clone());
             }
             Action::Subscribe(list) => {
@@ -483,10 +515,14 @@ impl World {
                         "SUBSCRIBE {f} before it was durable"
                     );
                     assert_eq!(self.desired.get(f), Some(q));
+                    assert!(
+                        self.sent.insert(f.clone()),
+                        "{f} subscribed twice on one connection"
+                    );
                     self.broker.insert(f.clone());
                 }
-                assert_eq!(list.len(), self.desired.len(), "subscribe all desired");
-                self.last_subscribe = Some((generation, list.clone()));
+                assert!(!list.is_empty(), "an empty Subscribe");
+                self.subscribes.push((generation, list.clone()));
             }
             Action::Unsubscribe(list) => {
                 let generation = self.connected.expect("Unsubscribe while connected");
@@ -645,7 +681,7 @@ impl World {
                 None if self.remember.is_some() => self.commit_remember(),
                 None if self.forget.is_some() => self.commit_forget(),
                 None if self.connected.is_none() => self.connect(),
-                None if self.last_subscribe.is_some() => self.suback(&[]),
+                None if !self.subscribes.is_empty() => self.suback(&[]),
                 None if self.last_unsubscribe.is_some() => self.unsuback(&[]),
                 None => {
                     self.now += GRACE;
@@ -671,7 +707,11 @@ impl World {
     }
 }
 
-fn build(desired: &BTreeMap<ExactFilter, Qos>, history: &BTreeSet<ExactFilter>) -> Reconciler {
+fn build(
+    desired: &BTreeMap<ExactFilter, Qos>,
+    history: &BTreeSet<ExactFilter>,
+    wave: usize,
+) -> Reconciler {
     let history = history
         .iter()
         .map(|f| {
@@ -685,14 +725,8 @@ fn build(desired: &BTreeMap<ExactFilter, Qos>, history: &BTreeSet<ExactFilter>) 
         })
         .collect();
     let desired = desired.iter().map(|(f, q)| (f.clone(), *q)).collect();
-    Reconciler::new(
-        desired,
-        history,
-        ReconcileSettings {
-            unmatched_grace: GRACE,
-        },
-    )
-    .expect("valid")
+    let settings = ReconcileSettings::new(GRACE).with_first_wave(wave);
+    Reconciler::new(desired, history, settings).expect("valid")
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -701,8 +735,9 @@ fn world() -> impl Strategy<Value = World> {
         prop::collection::vec(prop::option::weighted(0.4, 0u8..3), n),
         prop::collection::vec(any::<bool>(), n),
         prop::collection::vec(any::<bool>(), n),
+        prop_oneof![Just(1usize), Just(2), Just(3), Just(1000)],
     )
-        .prop_map(move |(desired, history, broker)| {
+        .prop_map(move |(desired, history, broker, wave)| {
             let desired: BTreeMap<ExactFilter, Qos> = (0..n)
                 .filter_map(|i| desired[i].map(|q| (filter(i), Qos::try_from(q).expect("0..3"))))
                 .collect();
@@ -714,7 +749,7 @@ fn world() -> impl Strategy<Value = World> {
                 .filter(|(i, _)| broker[*i])
                 .map(|(_, f)| f.clone())
                 .collect();
-            World::new(desired, history, broker)
+            World::new(desired, history, broker, wave)
         })
 }
 

@@ -45,9 +45,7 @@ struct Driver {
 impl Driver {
     fn new(desired: &[&str], hist: &[&str]) -> Self {
         let desired = desired.iter().map(|t| (f(t), Q1)).collect();
-        let settings = ReconcileSettings {
-            unmatched_grace: GRACE,
-        };
+        let settings = ReconcileSettings::new(GRACE);
         Self {
             machine: Reconciler::new(desired, history(hist), settings).expect("valid desired set"),
             now: Duration::from_secs(1000),
@@ -144,31 +142,154 @@ fn subscribe(texts: &[&str]) -> Action {
 // --- Remember before SUBSCRIBE ------------------------------------------------------------------
 
 #[test]
-fn new_filters_are_remembered_before_anything_is_subscribed() {
+fn a_new_filter_is_remembered_before_it_is_subscribed_and_known_ones_go_at_once() {
     let mut d = Driver::new(&["a/#", "b"], &["b"]);
     assert_eq!(
         d.connect(),
         vec![
             Action::Level(SessionLevel::Connected),
+            subscribe(&["b"]),
             Action::Remember(vec![(f("a/#"), Q1)])
         ]
     );
     assert_eq!(
         d.advance(GRACE),
         vec![],
-        "nothing is subscribed before the ledger commits"
+        "nothing new is subscribed before the ledger commits"
     );
-    assert_eq!(d.feed(Input::Remembered), vec![subscribe(&["a/#", "b"])]);
+    assert_eq!(
+        d.suback(&[("b", granted(Q1))]),
+        vec![],
+        "a/# is not answered yet"
+    );
+    assert_eq!(d.feed(Input::Remembered), vec![subscribe(&["a/#"])]);
     assert!(d.machine.history().contains_key(&f("a/#")));
+    assert_eq!(
+        d.suback(&[("a/#", granted(Q1))]),
+        vec![
+            Action::Level(SessionLevel::Subscribed),
+            Action::Level(SessionLevel::Full)
+        ]
+    );
+}
+
+/// A machine whose first Remember carries at most `wave` filters.
+fn waves(desired: &[&str], hist: &[&str], wave: usize) -> Driver {
+    let mut d = Driver::new(desired, hist);
+    let desired = desired.iter().map(|t| (f(t), Q1)).collect();
+    let settings = ReconcileSettings::new(GRACE).with_first_wave(wave);
+    d.machine = Reconciler::new(desired, history(hist), settings).expect("valid desired set");
+    d
+}
+
+#[test]
+fn remembers_go_in_growing_waves_each_subscribed_once_durable_while_the_next_is_written() {
+    let mut d = waves(&["a", "b", "c", "d", "e", "f", "g", "h"], &[], 1);
+    assert_eq!(
+        d.connect(),
+        vec![
+            Action::Level(SessionLevel::Connected),
+            Action::Remember(vec![(f("a"), Q1)])
+        ],
+        "one small wave first, nothing subscribed before it is durable"
+    );
+    assert_eq!(
+        d.feed(Input::Remembered),
+        vec![
+            subscribe(&["a"]),
+            Action::Remember(vec![(f("b"), Q1), (f("c"), Q1)])
+        ],
+        "each wave up to twice the one before"
+    );
+    // The broker answers the first wave while the second is written.
+    assert_eq!(d.suback(&[("a", granted(Q1))]), vec![]);
+    let third: Vec<_> = ["d", "e", "f", "g"].iter().map(|t| (f(t), Q1)).collect();
+    assert_eq!(
+        d.feed(Input::Remembered),
+        vec![subscribe(&["b", "c"]), Action::Remember(third)]
+    );
+    assert_eq!(
+        d.feed(Input::Remembered),
+        vec![
+            subscribe(&["d", "e", "f", "g"]),
+            Action::Remember(vec![(f("h"), Q1)])
+        ]
+    );
+    assert_eq!(d.feed(Input::Remembered), vec![subscribe(&["h"])]);
+    // Answers in any order; judged once every Subscribe is answered.
+    assert_eq!(d.suback(&[("h", granted(Q1))]), vec![]);
+    let rest: Vec<_> = ["d", "e", "f", "g"]
+        .iter()
+        .map(|t| (*t, granted(Q1)))
+        .collect();
+    assert_eq!(d.suback(&rest), vec![]);
+    assert_eq!(
+        d.suback(&[("b", granted(Q1)), ("c", granted(Q1))]),
+        vec![
+            Action::Level(SessionLevel::Subscribed),
+            Action::Level(SessionLevel::Full)
+        ]
+    );
+}
+
+#[test]
+fn a_refusal_in_an_early_wave_fails_the_reconcile_once_all_are_answered_naming_it() {
+    let mut d = waves(&["a", "b", "c"], &[], 2);
+    d.connect();
+    d.feed(Input::Remembered);
+    let refused = SubscribeOutcome::Refused { reason_code: 0x87 };
+    assert_eq!(d.suback(&[("a", refused), ("b", granted(Q1))]), vec![]);
+    assert_eq!(d.feed(Input::Remembered), vec![subscribe(&["c"])]);
+    let actions = d.suback(&[("c", granted(Q1))]);
+    assert!(
+        matches!(&actions[..], [Action::Failed { reason }] if reason.contains("\"a\" refused with reason 0x87")),
+        "{actions:?}"
+    );
+    assert_eq!(d.machine.level(), SessionLevel::Connected);
+    assert!(d.machine.history().contains_key(&f("a")), "history kept");
+}
+
+#[test]
+fn a_wave_committed_after_its_connection_ended_is_subscribed_on_the_next_one() {
+    let mut d = waves(&["a", "b", "c"], &[], 2);
+    d.connect();
+    assert_eq!(d.disconnect(), vec![Action::Level(SessionLevel::Starting)]);
+    assert_eq!(
+        d.feed(Input::Remembered),
+        vec![],
+        "no connection to subscribe on"
+    );
+    assert_eq!(
+        d.connect(),
+        vec![
+            Action::Level(SessionLevel::Connected),
+            subscribe(&["a", "b"]),
+            Action::Remember(vec![(f("c"), Q1)])
+        ]
+    );
+}
+
+#[test]
+fn a_suback_nobody_asked_for_is_ignored() {
+    let mut d = waves(&["a", "b"], &[], 1);
+    d.connect();
+    assert_eq!(
+        d.suback(&[("a", granted(Q1))]),
+        vec![],
+        "a is not subscribed yet"
+    );
+    assert_eq!(d.machine.ignored_inputs(), 1);
+    assert_eq!(
+        d.feed(Input::Remembered),
+        vec![subscribe(&["a"]), Action::Remember(vec![(f("b"), Q1)])]
+    );
 }
 
 #[test]
 fn a_seeded_filter_without_a_qos_is_remembered_at_its_qos() {
     let mut hist = history(&[]);
     hist.insert(f("a"), FilterRecord::default());
-    let settings = ReconcileSettings {
-        unmatched_grace: GRACE,
-    };
+    let settings = ReconcileSettings::new(GRACE);
     let mut m = Reconciler::new(vec![(f("a"), Q1)], hist, settings).unwrap();
     let actions = m.handle(
         Input::Connected {
@@ -632,9 +753,7 @@ fn plan_lists_remember_subscribe_unsubscribe_and_forget() {
 
 #[test]
 fn a_filter_desired_at_two_qos_levels_is_refused_by_name() {
-    let settings = ReconcileSettings {
-        unmatched_grace: GRACE,
-    };
+    let settings = ReconcileSettings::new(GRACE);
     let err = Reconciler::new(
         vec![(f("a"), Q1), (f("a"), Qos::AtMostOnce)],
         history(&[]),
@@ -663,9 +782,7 @@ fn subscription_ids_are_stable_and_in_range() {
 #[test]
 fn from_ledger_fails_closed_on_unknown_history_and_migration() {
     use wharf_domain::session::{ManagedFilterEvent, ManagedSession, ManagedSessionError};
-    let settings = ReconcileSettings {
-        unmatched_grace: GRACE,
-    };
+    let settings = ReconcileSettings::new(GRACE);
     let unknown = ManagedSession::default();
     let err = Reconciler::from_ledger(vec![(f("a"), Q1)], &unknown, settings).unwrap_err();
     assert_eq!(err, ManagedSessionError::HistoryUnknown);

@@ -117,7 +117,7 @@ proptest! {
         key in prop::sample::select(vec![
             "store.url", "store.schema", "store.max_connections", "declarations.instance_ttl",
             "http.listen", "http.max_body_bytes", "prune.retention", "queue.concurrency",
-            "queue.retention", "log.filter", "mqtt.unmatched_grace", "mqtt.ingest_batch",
+            "queue.retention", "log.filter", "mqtt.unmatched_grace", "mqtt.ingest_batch", "mqtt.ingest_batch_bytes",
             "nope.key", "store.nope",
         ]),
         value in input(),

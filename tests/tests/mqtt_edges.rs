@@ -416,10 +416,14 @@ async fn a_shared_replay_after_removal_requires_migration(backend: Backend) {
         |s| {
             s.level == SessionLevel::MigrationRequired
                 && s.reason.as_deref().is_some_and(|r| r.contains(&shared))
-                && s.held == 1
+                && s.held >= 1
         },
     )
     .await;
+    // Held on the replacement connection, and maybe before on the first one too: while that
+    // one awaits its SUBACK (ADR 0041) the broker's replay can arrive, covered only by the
+    // stale shared filter. Never offered to the handler, never acked.
+    assert!((1..=2).contains(&terminal.held), "{terminal:?}");
     assert!(
         terminal
             .reason

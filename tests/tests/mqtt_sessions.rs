@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use wharf::domain::session::{SessionLevel, MANAGED_SESSION_AGGREGATE};
+use wharf::domain::session::{
+    Qos, ReconcileSettings, SessionLevel, SubAckEntry, MANAGED_SESSION_AGGREGATE,
+};
 use wharf::{Config, Wharf};
 use wharf_tests::fixtures::{declare, group};
 use wharf_tests::sessions::{self, session_config, session_id, unique, wait_status};
@@ -205,4 +207,131 @@ async fn a_removed_filter_is_unsubscribed_verified_and_forgotten(backend: Backen
 on_both_backends!(
     a_removed_filter_is_unsubscribed_verified_and_forgotten,
     a_removed_filter_is_unsubscribed_verified_and_forgotten
+);
+
+/// A reconcile of more filters than the first Remember wave carries (ADR 0041): the ledger gets
+/// one `FiltersRemembered` per wave, in order, the first at most `first_wave` and each later
+/// one at most twice the one before; every filter's SUBACK outcome is recorded before the level
+/// is Full; and a filter of the last wave delivers.
+async fn a_reconcile_larger_than_a_wave_remembers_in_waves(backend: Backend) {
+    const FILTERS: usize = 2_500;
+    let ts = TestStore::new(backend).await;
+    declare(&ts, "reader", "sensors", &[]).await;
+    let root = unique("waves");
+    let filters: Vec<String> = (0..FILTERS).map(|i| format!("{root}/{i}/#")).collect();
+    let refs: Vec<&str> = filters.iter().map(String::as_str).collect();
+    let config = config(&ts, &unique("wharf-waves"), &refs);
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    let runtimes = wharf.start_sessions(&config).expect("starts");
+    wait_status(&runtimes[0], "Full", |s| s.level == SessionLevel::Full).await;
+
+    let events = sessions::ledger_events(&ts, &id).await;
+    let waves: Vec<usize> = events
+        .iter()
+        .filter(|(t, _)| t == "FiltersRemembered")
+        .map(|(_, p)| p["filters"].as_array().expect("filters").len())
+        .collect();
+    assert_eq!(waves.iter().sum::<usize>(), FILTERS, "{waves:?}");
+    assert!(waves.len() >= 2, "{waves:?}");
+    assert!(
+        waves[0] <= ReconcileSettings::DEFAULT_FIRST_WAVE,
+        "{waves:?}"
+    );
+    assert!(waves.windows(2).all(|w| w[1] <= 2 * w[0]), "{waves:?}");
+    let granted: usize = events
+        .iter()
+        .filter(|(t, _)| t == "SubscribesAcknowledged")
+        .flat_map(|(_, p)| p["outcomes"].as_array().expect("outcomes").clone())
+        .map(|o| serde_json::from_value::<SubAckEntry>(o).expect("an outcome"))
+        .filter(|o| o.outcome.satisfies(Qos::AtLeastOnce))
+        .count();
+    assert_eq!(granted, FILTERS, "every outcome recorded before Full");
+    let state = wharf.session_ledger().load(&id).await.expect("ledger");
+    assert_eq!(state.history_filters().len(), FILTERS);
+
+    let last = &filters[FILTERS - 1];
+    let topic = last.replace('#', "x");
+    publish(&topic, "from the last wave").await;
+    let got = drain_log(&wharf, 1).await;
+    assert_eq!(got, [(topic, "from the last wave".to_owned())]);
+    for runtime in runtimes {
+        runtime.shutdown().await;
+    }
+}
+
+on_both_backends!(
+    a_reconcile_larger_than_a_wave_remembers_in_waves,
+    a_reconcile_larger_than_a_wave_remembers_in_waves
+);
+
+/// Records each batch it is handed: its messages and payload bytes.
+#[derive(Default)]
+struct Batches(std::sync::Mutex<Vec<(usize, usize)>>);
+
+#[async_trait::async_trait]
+impl wharf::sessions::MqttHandler for Batches {
+    async fn handle(
+        &self,
+        batch: &[wharf::sessions::MqttMessage],
+    ) -> Result<(), wharf::HandlerError> {
+        let bytes = batch.iter().map(|m| m.message.payload.len()).sum();
+        self.0
+            .lock()
+            .expect("the batches")
+            .push((batch.len(), bytes));
+        Ok(())
+    }
+}
+
+/// A backlog the broker kept for the offline session arrives at once (some of it before the
+/// SUBACK): it is committed in batches of at most `mqtt.ingest_batch` deliveries, each
+/// stopping once its payloads reach `mqtt.ingest_batch_bytes`, and every delivery is handled.
+async fn a_backlog_is_committed_in_batches_bounded_by_count_and_bytes(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let root = unique("backlog");
+    let mut config = config(&ts, &unique("wharf-backlog"), &[&format!("{root}/#")]);
+    config.mqtt.ingest_batch = 3;
+    config.mqtt.ingest_batch_bytes = 1024;
+    let id = session_id(&config);
+    let wharf = ts.wharf();
+    wharf.seed_session_baseline(&id, &[]).await.expect("seed");
+    // Subscribed once, then offline: the broker keeps what is published meanwhile.
+    let first = wharf.start_sessions(&config).expect("starts");
+    wait_status(&first[0], "Full", |s| s.level == SessionLevel::Full).await;
+    sessions::shutdown(first).await;
+    let big = "x".repeat(600);
+    for i in 0..6 {
+        publish(&format!("{root}/big/{i}"), &big).await;
+    }
+    for i in 0..6 {
+        publish(&format!("{root}/small/{i}"), "s").await;
+    }
+
+    let batches = std::sync::Arc::new(Batches::default());
+    let runtimes = wharf
+        .start_sessions_with(&config, batches.clone())
+        .expect("starts");
+    wait_status(&runtimes[0], "the backlog handled", |s| s.ingested == 12).await;
+    let seen = batches.0.lock().expect("the batches").clone();
+    assert_eq!(seen.iter().map(|b| b.0).sum::<usize>(), 12, "{seen:?}");
+    for (count, bytes) in &seen {
+        assert!(*count <= 3, "a commit above ingest_batch: {seen:?}");
+        // A batch stops once it reached 1,024 bytes: two of the 600-byte messages at most.
+        assert!(
+            *bytes <= 1200,
+            "a commit far above ingest_batch_bytes: {seen:?}"
+        );
+    }
+    assert!(
+        seen.len() >= 5,
+        "six large and six small need five commits: {seen:?}"
+    );
+    sessions::shutdown(runtimes).await;
+}
+
+on_both_backends!(
+    a_backlog_is_committed_in_batches_bounded_by_count_and_bytes,
+    a_backlog_is_committed_in_batches_bounded_by_count_and_bytes
 );

@@ -375,6 +375,11 @@ mod tests {
             ),
             ("WHARF_HTTP__METRICS_TIMEOUT", "0s", "http.metrics_timeout"),
             ("WHARF_MQTT__DRAIN_TIMEOUT", "0s", "mqtt.drain_timeout"),
+            (
+                "WHARF_MQTT__INGEST_BATCH_BYTES",
+                "512",
+                "mqtt.ingest_batch_bytes must be between 1024 and 1073741824, got 512",
+            ),
             ("WHARF_MQTT__RELOAD_WINDOW", "2h", "mqtt.reload_window"),
             (
                 "WHARF_MQTT__RELOAD_POLL_INTERVAL",

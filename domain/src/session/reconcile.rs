@@ -6,12 +6,18 @@
 //! below is a unit test, and a crash is "drop the machine, rebuild it from the durable history".
 //!
 //! The rules (issue 9, points 5 to 7):
-//! 1. Every desired filter not yet in the history is **Remembered** (a ledger write) before any
-//!    SUBSCRIBE; the machine waits for [`Input::Remembered`], then **Subscribes all desired
-//!    filters on every connection**, whatever `session_present` says.
+//! 1. **Every desired filter is SUBSCRIBEd on every connection**, whatever `session_present`
+//!    says, and none before it is durable: a desired filter not yet in the history (or held at
+//!    another QoS) is **Remembered** (a ledger write) first and SUBSCRIBEd once
+//!    [`Input::Remembered`] says its write committed. The filters already in the history go out
+//!    at once. New filters are Remembered in waves (one outstanding at a time; the first of at
+//!    most [`ReconcileSettings::first_wave`] filters, each later one up to twice the one
+//!    before): a wave's SUBSCRIBE goes out as soon as it committed, while the next wave is
+//!    written, so the broker's round trips overlap the ledger's (ADR 0041). The reconcile is
+//!    judged once every wave was Remembered and every Subscribe answered.
 //! 2. A SUBACK that refuses a filter, leaves one out, or grants a QoS below the requested one
-//!    **fails** the reconcile ([`Action::Failed`]): the history is kept, the level stays
-//!    `Connected`, and the machine waits for a new connection to retry. No per-filter quarantine.
+//!    **fails** the reconcile ([`Action::Failed`], judged over all the connection's SUBACKs):
+//!    the history is kept, the level stays `Connected`, and the machine waits for a new connection to retry. No per-filter quarantine.
 //! 3. All granted: `Subscribed`. The stale filters (history minus desired) are UNSUBSCRIBEd by
 //!    their exact strings. UNSUBACK reasons 0x00 and 0x11 verify a removal; any other reason,
 //!    or no reason at all, leaves the filter pending (durable, retried on a later connection).
@@ -49,7 +55,7 @@ mod removal;
 pub use io::{Action, Input, ReconcileStatus, SessionLevel};
 pub use plan::{plan, subscription_id, Plan, PLAIN_SUBSCRIPTION_ID};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use super::exact_filter::{ExactFilter, Qos};
@@ -70,17 +76,45 @@ pub struct ReconcileSettings {
     /// How long a delivery matching nothing waits before it is acked and dropped, and how long
     /// a replacement connection is watched before removed filters are forgotten.
     pub unmatched_grace: Duration,
+    /// The most filters the first [`Action::Remember`] carries (at least 1); each later one
+    /// carries up to twice as many as the one before, so `n` new filters take about
+    /// `log2(n / first_wave)` ledger writes and the first SUBSCRIBE waits for a small one.
+    pub first_wave: usize,
+}
+
+impl ReconcileSettings {
+    /// The first wave the runtime uses: a Remember of 250 filters is one small ledger write
+    /// (a few milliseconds on either backend), after which the broker is kept busy.
+    pub const DEFAULT_FIRST_WAVE: usize = 250;
+
+    /// Settings with `unmatched_grace` and the default first wave.
+    pub fn new(unmatched_grace: Duration) -> Self {
+        Self {
+            unmatched_grace,
+            first_wave: Self::DEFAULT_FIRST_WAVE,
+        }
+    }
+
+    /// The same settings with a first Remember of at most `filters` filters.
+    pub fn with_first_wave(self, filters: usize) -> Self {
+        Self {
+            first_wave: filters.max(1),
+            ..self
+        }
+    }
 }
 
 /// Where the current connection is in its reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stage {
-    AwaitRemember,
-    AwaitSubAck,
+    /// Remembering waves and awaiting SUBACKs until every desired filter was answered.
+    Subscribing,
     SubscribeFailed,
     AwaitUnsubAck,
     Recycling,
-    Verifying { until: Now },
+    Verifying {
+        until: Now,
+    },
     AwaitForget,
     Settled,
 }
@@ -97,6 +131,10 @@ struct Connection {
     generation: u64,
     stage: Stage,
     subscribed: bool,
+    /// Subscribe actions of this connection whose SUBACK has not come back.
+    subscribes_outstanding: usize,
+    /// What this connection's SUBACKs answered so far.
+    answered: BTreeMap<ExactFilter, SubscribeOutcome>,
     /// Opened while verified removals awaited their Forget: deliveries may dispatch here.
     replacement: bool,
     unsubscribe_attempted: bool,
@@ -111,6 +149,11 @@ pub struct Reconciler {
     history: BTreeMap<ExactFilter, FilterRecord>,
     settings: ReconcileSettings,
     remember_outstanding: Option<Vec<(ExactFilter, Qos)>>,
+    /// Desired filters not durable at their QoS and not yet in a Remember, in order: only
+    /// waves take from it (the history changes otherwise only by Forgets of stale filters).
+    unremembered: VecDeque<(ExactFilter, Qos)>,
+    /// The most filters the next Remember may carry.
+    next_wave: usize,
     forget_outstanding: Option<Vec<(ExactFilter, u8)>>,
     removed: BTreeMap<ExactFilter, Removal>,
     connection: Option<Connection>,
@@ -173,11 +216,14 @@ impl Reconciler {
         history: BTreeMap<ExactFilter, FilterRecord>,
         settings: ReconcileSettings,
     ) -> Self {
+        let unremembered = to_remember(&desired, &history).into();
         Self {
             desired,
             history,
             settings,
             remember_outstanding: None,
+            unremembered,
+            next_wave: settings.first_wave.max(1),
             forget_outstanding: None,
             removed: BTreeMap::new(),
             connection: None,
@@ -318,8 +364,10 @@ impl Reconciler {
         }
         self.connection = Some(Connection {
             generation,
-            stage: Stage::AwaitRemember,
+            stage: Stage::Subscribing,
             subscribed: false,
+            subscribes_outstanding: 0,
+            answered: BTreeMap::new(),
             replacement: !self.removed.is_empty(),
             unsubscribe_attempted: false,
             unsubscribing: Vec::new(),
@@ -329,27 +377,69 @@ impl Reconciler {
         self.remember_or_subscribe(actions);
     }
 
+    /// A new connection: SUBSCRIBE what the history already holds at its QoS, and Remember
+    /// the first wave of the rest (unless a Remember is outstanding: its commit goes on).
     fn remember_or_subscribe(&mut self, actions: &mut Vec<Action>) {
-        if self.remember_outstanding.is_some() {
+        let known: Vec<(ExactFilter, Qos)> = self
+            .desired
+            .iter()
+            .filter(|(f, q)| self.history.get(*f).and_then(|r| r.qos) == Some(**q))
+            .map(|(f, q)| (f.clone(), *q))
+            .collect();
+        self.subscribe_on_current(known, actions);
+        self.remember_next_wave(actions);
+        self.judge_if_answered(actions);
+    }
+
+    /// Issues the next Remember of at most one wave, when none is outstanding.
+    fn remember_next_wave(&mut self, actions: &mut Vec<Action>) {
+        if self.remember_outstanding.is_some() || self.unremembered.is_empty() {
             return;
         }
-        let remember = to_remember(&self.desired, &self.history);
-        if !remember.is_empty() {
-            self.remember_outstanding = Some(remember.clone());
-            actions.push(Action::Remember(remember));
-            return;
-        }
+        let size = self.next_wave.min(self.unremembered.len());
+        self.next_wave = self.next_wave.saturating_mul(2);
+        let wave: Vec<_> = self.unremembered.drain(..size).collect();
+        self.remember_outstanding = Some(wave.clone());
+        actions.push(Action::Remember(wave));
+    }
+
+    /// SUBSCRIBEs `filters` on the current connection while it is still subscribing.
+    fn subscribe_on_current(
+        &mut self,
+        filters: Vec<(ExactFilter, Qos)>,
+        actions: &mut Vec<Action>,
+    ) {
         let Some(connection) = self.connection.as_mut() else {
             return;
         };
-        if self.desired.is_empty() {
-            connection.stage = Stage::AwaitSubAck;
+        if filters.is_empty() || connection.stage != Stage::Subscribing {
+            return;
+        }
+        connection.subscribes_outstanding += 1;
+        actions.push(Action::Subscribe(filters));
+    }
+
+    /// Judges the connection's reconcile once nothing is left to Remember or to answer.
+    fn judge_if_answered(&mut self, actions: &mut Vec<Action>) {
+        let remaining = self.remember_outstanding.is_some() || !self.unremembered.is_empty();
+        let Some(connection) = self.connection.as_mut() else {
+            return;
+        };
+        if remaining
+            || connection.stage != Stage::Subscribing
+            || connection.subscribes_outstanding > 0
+        {
+            return;
+        }
+        let problems = suback_problems(&self.desired, &connection.answered);
+        if problems.is_empty() {
             self.subscribed(actions);
             return;
         }
-        connection.stage = Stage::AwaitSubAck;
-        let all = self.desired.iter().map(|(f, q)| (f.clone(), *q)).collect();
-        actions.push(Action::Subscribe(all));
+        let reason = format!("subscribe failed: {}", join_limited(&problems));
+        connection.stage = Stage::SubscribeFailed;
+        self.last_failure = Some(reason.clone());
+        actions.push(Action::Failed { reason });
     }
 
     fn on_remembered(&mut self, actions: &mut Vec<Action>) {
@@ -357,16 +447,23 @@ impl Reconciler {
             self.ignored_inputs += 1;
             return;
         };
-        for (filter, qos) in remembered {
-            self.history.entry(filter).or_default().qos = Some(qos);
+        for (filter, qos) in &remembered {
+            self.history.entry(filter.clone()).or_default().qos = Some(*qos);
         }
-        let waiting = self
+        if self.terminal.is_some() {
+            return;
+        }
+        let subscribing = self
             .connection
             .as_ref()
-            .is_some_and(|c| c.stage == Stage::AwaitRemember);
-        if waiting && self.terminal.is_none() {
-            self.remember_or_subscribe(actions);
+            .is_some_and(|c| c.stage == Stage::Subscribing);
+        if !subscribing {
+            // The next connection SUBSCRIBEs them with the rest of the history.
+            return;
         }
+        self.subscribe_on_current(remembered, actions);
+        self.remember_next_wave(actions);
+        self.judge_if_answered(actions);
     }
 
     fn on_suback(
@@ -379,22 +476,16 @@ impl Reconciler {
         let Some(connection) = self.current(generation) else {
             return;
         };
-        if connection.stage != Stage::AwaitSubAck || terminal {
+        if connection.stage != Stage::Subscribing
+            || connection.subscribes_outstanding == 0
+            || terminal
+        {
             self.ignored_inputs += 1;
             return;
         }
-        let answered: BTreeMap<ExactFilter, SubscribeOutcome> = outcomes.into_iter().collect();
-        let problems = suback_problems(&self.desired, &answered);
-        if problems.is_empty() {
-            self.subscribed(actions);
-            return;
-        }
-        let reason = format!("subscribe failed: {}", join_limited(&problems));
-        if let Some(connection) = self.connection.as_mut() {
-            connection.stage = Stage::SubscribeFailed;
-        }
-        self.last_failure = Some(reason.clone());
-        actions.push(Action::Failed { reason });
+        connection.subscribes_outstanding -= 1;
+        connection.answered.extend(outcomes);
+        self.judge_if_answered(actions);
     }
 
     /// Every desired filter granted on the current connection.

@@ -47,8 +47,13 @@ pub struct MqttConfig {
     /// How long a SUBSCRIBE or UNSUBSCRIBE may wait for its acknowledgement.
     #[serde(with = "humantime_serde")]
     pub subscribe_timeout: Duration,
-    /// The most deliveries the ingest handler appends to the log in one commit.
+    /// The most deliveries the ingest handler appends to the log in one commit. A batch takes
+    /// only what has already arrived (it never waits to fill), so a larger cap costs no
+    /// latency; it bounds a backlog's commits.
     pub ingest_batch: u32,
+    /// The most payload bytes one ingest batch gathers (a delivery larger than this is a batch
+    /// of its own): with `ingest_batch`, what bounds the memory a batch holds.
+    pub ingest_batch_bytes: u64,
     /// How long a reload waits for every session runtime to disconnect (in-flight batches
     /// committed and acked) before the new runtimes start; past it the old ones are abandoned
     /// (their unacked deliveries stay with the broker).
@@ -79,7 +84,8 @@ impl Default for MqttConfig {
             unmatched_grace: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(30),
             subscribe_timeout: Duration::from_secs(30),
-            ingest_batch: 100,
+            ingest_batch: 500,
+            ingest_batch_bytes: 16 * 1024 * 1024,
             drain_timeout: Duration::from_secs(30),
             allow_destructive_reload: false,
             reload_strategy: ReloadStrategy::Direct,
@@ -342,6 +348,12 @@ impl MqttConfig {
             return Err(WharfError::Config(format!(
                 "mqtt.ingest_batch must be between 1 and 10000, got {}",
                 self.ingest_batch
+            )));
+        }
+        if !(1024..=1024 * 1024 * 1024).contains(&self.ingest_batch_bytes) {
+            return Err(WharfError::Config(format!(
+                "mqtt.ingest_batch_bytes must be between 1024 and 1073741824, got {}",
+                self.ingest_batch_bytes
             )));
         }
         self.resolve_with(&|| "host".to_owned()).map(|_| ())

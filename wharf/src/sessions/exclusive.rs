@@ -421,6 +421,7 @@ mod tests {
             connect_timeout: Duration::from_millis(connect),
             subscribe_timeout: Duration::from_millis(subscribe),
             ingest_batch: 100,
+            ingest_batch_bytes: 1024 * 1024,
             password: None,
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(30),

@@ -201,7 +201,13 @@ impl SessionLedger {
                 "lease_token": claim.token,
             }),
         };
-        for _ in 0..2 {
+        // Unfenced writes go optimistic first (ADR 0037: on Postgres two round trips where
+        // the locked form takes four); another writer in between is a conflict, and the
+        // command runs again locked. A fenced write always runs locked, its guard checked
+        // under the lock.
+        let mut locked = self.fence.is_some();
+        let mut stale = 0;
+        while stale < 2 {
             let (after_sequence, state) = self.states.take(session_id);
             let lock = SessionLock {
                 stream_type: MANAGED_SESSION_AGGREGATE,
@@ -211,23 +217,30 @@ impl SessionLedger {
                 fence: self.fence.clone(),
             };
             let decide = decision(state, command.clone(), metadata.clone());
-            let decided = self
-                .store
-                .execute(lock, decide)
-                .await
-                .map_err(|e| match e {
-                    StoreError::GuardRefused { reason, .. } => WharfError::Fenced {
+            let attempt = if locked {
+                self.store.execute(lock, decide).await
+            } else {
+                self.store.execute_optimistic(lock, decide).await
+            };
+            let decided = match attempt {
+                Err(StoreError::Conflict { .. }) if !locked => {
+                    locked = true;
+                    continue;
+                }
+                Err(StoreError::GuardRefused { reason, .. }) => {
+                    return Err(WharfError::Fenced {
                         session_id: session_id.to_owned(),
                         reason,
-                    },
-                    other => other.into(),
-                })?;
+                    })
+                }
+                other => other?,
+            };
             match decided {
                 Ok((events, state, sequence)) => {
                     self.states.put(session_id, sequence, state);
                     return Ok(events);
                 }
-                Err(Refusal::Stale) => {}
+                Err(Refusal::Stale) => stale += 1,
                 Err(Refusal::Domain(e)) => return Err(WharfError::Session(e)),
                 Err(Refusal::Corrupt(e)) => return Err(e.into()),
             }

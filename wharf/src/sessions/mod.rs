@@ -98,6 +98,8 @@ pub fn start_all(
             connect_timeout: config.mqtt.connect_timeout,
             subscribe_timeout: config.mqtt.subscribe_timeout,
             ingest_batch: config.mqtt.ingest_batch as usize,
+            ingest_batch_bytes: usize::try_from(config.mqtt.ingest_batch_bytes)
+                .unwrap_or(usize::MAX),
             password,
             retry_base: Duration::from_secs(1),
             retry_cap: Duration::from_secs(30),

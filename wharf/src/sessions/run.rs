@@ -3,8 +3,11 @@
 //!
 //! The run is the only I/O around the machine: it feeds [`Input`]s with the time of a
 //! monotonic clock (tokio's, so tests can pause it) and carries out each [`Action`] in order.
-//! Ledger writes happen before the broker operations they protect (Remember before SUBSCRIBE,
-//! Forget only after a verified UNSUBACK and the recycle's watch window). Any failure ends the
+//! Ledger writes happen before the broker operations they protect (a wave's Remember before
+//! its SUBSCRIBE, Forget only after a verified UNSUBACK and the recycle's watch window), and
+//! one at a time: a SUBSCRIBE goes out in a background task so the next wave's Remember is
+//! written while the broker answers, and its outcomes are recorded on the loop, with whatever
+//! other answers are in, before the machine hears of them (ADR 0041). Any failure ends the
 //! run; the next one starts again from the ledger, which is what makes a crash at any step
 //! safe. Acks go only to the connection that received the delivery, and only after the handler
 //! succeeded (the driver refuses any other ack). A connection that reaches Full still holding
@@ -15,9 +18,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use futures::FutureExt;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use wharf_domain::session::{
     Action, ExactFilter, FilterRecord, Input, Qos, ReconcileSettings, Reconciler, SessionLevel,
+    SubscribeOutcome,
 };
 use wharf_mqtt::{
     ConnectOptions, Credentials, Deliveries, Delivery, DisconnectReason, Session, SessionHandle,
@@ -67,6 +72,16 @@ pub(super) struct Run<'a> {
     held: usize,
     next_id: u64,
     converged: bool,
+    /// Subscribe actions the broker is answering (aborted when the run ends).
+    subscribing: JoinSet<SubscribeAnswers>,
+}
+
+/// A Subscribe action's answers: its connection, its filters and one answer each (none where
+/// the broker gave none).
+struct SubscribeAnswers {
+    generation: u64,
+    filters: Vec<(ExactFilter, Qos)>,
+    answers: Vec<Option<SubscribeOutcome>>,
 }
 
 /// What carrying out one action asks of the loop.
@@ -96,6 +111,7 @@ impl<'a> Run<'a> {
             held: 0,
             next_id: 0,
             converged: false,
+            subscribing: JoinSet::new(),
         }
     }
 
@@ -112,9 +128,7 @@ impl<'a> Run<'a> {
             Ok(history) => history,
             Err(outcome) => return outcome,
         };
-        let settings = ReconcileSettings {
-            unmatched_grace: self.settings.unmatched_grace,
-        };
+        let settings = ReconcileSettings::new(self.settings.unmatched_grace);
         let mut machine = match Reconciler::new(self.session.desired(), history, settings) {
             Ok(machine) => machine,
             Err(e) => return self.retry(e.to_string()),
@@ -156,6 +170,13 @@ impl<'a> Run<'a> {
                         return self.retry(format!("the connection ended: {cause}"));
                     }
                 },
+                Some(answered) = self.subscribing.join_next(), if !self.subscribing.is_empty() => {
+                    if let Step::End(outcome) = self.record_answers(answered).await {
+                        self.publish_machine(&machine);
+                        disconnect(&connection, DisconnectReason::Normal).await;
+                        return outcome;
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => self.inputs.push_back(Input::Tick),
             }
         }
@@ -239,14 +260,21 @@ impl<'a> Run<'a> {
         Ok(Connection { handle, deliveries })
     }
 
-    /// Takes a delivery and whatever else is already waiting (up to a batch).
+    /// Takes a delivery and whatever else is already waiting, up to a batch: `ingest_batch`
+    /// deliveries, and no more once their payloads reach `ingest_batch_bytes`.
     fn receive(&mut self, first: Delivery, connection: &mut Connection) {
+        let mut bytes = first.payload.len();
         self.park(first);
-        while self.parked.len() < self.settings.ingest_batch {
+        while self.parked.len() < self.settings.ingest_batch
+            && bytes < self.settings.ingest_batch_bytes
+        {
             // Outside the task's cooperative budget: a budget spent by the loop would make a
             // ready delivery look pending and cut the batch short (64 of 100 seen under load).
             match tokio::task::unconstrained(connection.deliveries.next()).now_or_never() {
-                Some(Ok(delivery)) => self.park(delivery),
+                Some(Ok(delivery)) => {
+                    bytes += delivery.payload.len();
+                    self.park(delivery);
+                }
                 _ => break,
             }
         }
@@ -286,7 +314,10 @@ impl<'a> Run<'a> {
     ) -> Step {
         match action {
             Action::Remember(filters) => self.remember(filters).await,
-            Action::Subscribe(filters) => self.subscribe(filters, connection).await,
+            Action::Subscribe(filters) => {
+                self.start_subscribe(filters, connection);
+                Step::Continue
+            }
             Action::Unsubscribe(filters) => self.unsubscribe(filters, connection).await,
             Action::Forget(filters) => self.forget(filters).await,
             Action::Recycle => self.recycle(connection).await,
@@ -406,19 +437,52 @@ impl<'a> Run<'a> {
         Step::Continue
     }
 
-    async fn subscribe(
-        &mut self,
-        filters: Vec<(ExactFilter, Qos)>,
-        connection: &Connection,
-    ) -> Step {
-        let answers = super::subscribe::subscribe_all(&connection.handle, &filters).await;
-        let mut outcomes = Vec::new();
-        let mut recorded = Vec::new();
-        for ((filter, qos), answer) in filters.into_iter().zip(answers) {
-            if let Some(outcome) = answer {
-                recorded.push((filter.clone(), qos, outcome));
-                outcomes.push((filter, outcome));
+    /// Sends a Subscribe action's SUBSCRIBEs in the background: the loop goes on (the next
+    /// wave's Remember, deliveries) while the broker answers; [`Run::record_answers`] takes the
+    /// answers when they are in.
+    fn start_subscribe(&mut self, filters: Vec<(ExactFilter, Qos)>, connection: &Connection) {
+        let handle = connection.handle.clone();
+        let generation = connection.generation();
+        self.subscribing.spawn(async move {
+            let answers = super::subscribe::subscribe_all(&handle, &filters).await;
+            SubscribeAnswers {
+                generation,
+                filters,
+                answers,
             }
+        });
+    }
+
+    /// Takes `first` and every other Subscribe action already answered, records their
+    /// outcomes in one ledger write (durable sessions), then tells the machine, one
+    /// [`Input::SubAck`] per action: a level the machine reaches on them is reported only once
+    /// the outcomes are in the ledger.
+    async fn record_answers(
+        &mut self,
+        first: Result<SubscribeAnswers, tokio::task::JoinError>,
+    ) -> Step {
+        let mut joined = vec![first];
+        while let Some(more) = self.subscribing.try_join_next() {
+            joined.push(more);
+        }
+        let mut recorded = Vec::new();
+        let mut inputs = Vec::with_capacity(joined.len());
+        for answered in joined {
+            let answered = match answered {
+                Ok(answered) => answered,
+                Err(e) => return Step::End(self.retry(format!("a SUBSCRIBE task failed: {e}"))),
+            };
+            let mut outcomes = Vec::new();
+            for ((filter, qos), answer) in answered.filters.into_iter().zip(answered.answers) {
+                if let Some(outcome) = answer {
+                    recorded.push((filter.clone(), qos, outcome));
+                    outcomes.push((filter, outcome));
+                }
+            }
+            inputs.push(Input::SubAck {
+                generation: answered.generation,
+                outcomes,
+            });
         }
         if self.session.is_durable() && !recorded.is_empty() {
             let id = self.session.identity.id();
@@ -433,10 +497,7 @@ impl<'a> Run<'a> {
                 return Step::End(outcome);
             }
         }
-        self.inputs.push_back(Input::SubAck {
-            generation: connection.generation(),
-            outcomes,
-        });
+        self.inputs.extend(inputs);
         Step::Continue
     }
 
@@ -514,11 +575,35 @@ impl<'a> Run<'a> {
     }
 
     /// Hands the dispatched batch to the handler, then acks each delivery on its connection.
+    /// Hands the dispatched deliveries to the handler in commits of at most `ingest_batch`
+    /// deliveries and `ingest_batch_bytes` of payload (deliveries that waited for the
+    /// SUBACK dispatch together), acking each commit's deliveries after it.
     async fn flush(&mut self, connection: &Connection) -> Step {
-        if self.batch.is_empty() {
-            return Step::Continue;
+        while !self.batch.is_empty() {
+            let take = self.next_commit_len();
+            let batch: Vec<_> = self.batch.drain(..take).collect();
+            if let Step::End(outcome) = self.commit(batch, connection).await {
+                return Step::End(outcome);
+            }
         }
-        let batch = std::mem::take(&mut self.batch);
+        Step::Continue
+    }
+
+    /// How many of the dispatched deliveries the next commit takes (at least one).
+    fn next_commit_len(&self) -> usize {
+        let mut bytes = 0;
+        let mut take = 0;
+        for (_, delivery) in self.batch.iter().take(self.settings.ingest_batch.max(1)) {
+            if take > 0 && bytes >= self.settings.ingest_batch_bytes {
+                break;
+            }
+            bytes += delivery.payload.len();
+            take += 1;
+        }
+        take
+    }
+
+    async fn commit(&mut self, batch: Vec<(u64, Delivery)>, connection: &Connection) -> Step {
         let mut messages = Vec::with_capacity(batch.len());
         for (_, delivery) in &batch {
             let Some(log_topic) = self.log_topic(&delivery.topic) else {
@@ -537,7 +622,7 @@ impl<'a> Run<'a> {
         if let Err(e) = self.handler.handle(&messages).await {
             return Step::End(self.retry(format!(
                 "the handler failed ({e}); {} deliveries stay unacked for the broker to replay",
-                batch.len()
+                batch.len() + self.batch.len()
             )));
         }
         for (_, delivery) in &batch {

@@ -36,6 +36,8 @@ pub struct RuntimeSettings {
     pub subscribe_timeout: Duration,
     /// `mqtt.ingest_batch`.
     pub ingest_batch: usize,
+    /// `mqtt.ingest_batch_bytes`.
+    pub ingest_batch_bytes: usize,
     /// The password, resolved from the configuration (never logged).
     pub password: Option<String>,
     /// The first retry's wait; doubled per failed run up to `retry_cap`.
@@ -269,9 +271,7 @@ mod tests {
     fn migrated() -> (Reconciler, Vec<Action>) {
         let shared = ExactFilter::parse_field("filter", "$share/g/a/#").expect("valid");
         let history = BTreeMap::from([(shared.clone(), FilterRecord::default())]);
-        let settings = ReconcileSettings {
-            unmatched_grace: Duration::from_secs(1),
-        };
+        let settings = ReconcileSettings::new(Duration::from_secs(1));
         let mut machine = Reconciler::new(Vec::new(), history, settings).expect("valid");
         let at = Duration::ZERO;
         let feed = |machine: &mut Reconciler, input| machine.handle(input, at);

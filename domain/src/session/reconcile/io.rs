@@ -60,8 +60,8 @@ pub enum Input {
     },
     /// The ledger committed the last [`Action::Remember`].
     Remembered,
-    /// A SUBACK for the last [`Action::Subscribe`]: one entry per filter it answered (possibly
-    /// fewer than were sent).
+    /// The SUBACKs of one [`Action::Subscribe`] (several may be outstanding; they may answer
+    /// in any order): one entry per filter answered (possibly fewer than were sent).
     SubAck {
         /// The connection it arrived on.
         generation: u64,
@@ -103,10 +103,12 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write these filters to the ledger (`ManagedSessionCommand::Remember`), then send
-    /// [`Input::Remembered`]. If the write fails, rebuild the machine from the ledger, as
+    /// [`Input::Remembered`]; at most one is outstanding. If the write fails, rebuild the machine from the ledger, as
     /// after a crash: nothing is subscribed meanwhile.
     Remember(Vec<(ExactFilter, Qos)>),
-    /// SUBSCRIBE these filters on the current connection, each with its [`subscription_id`](super::subscription_id).
+    /// SUBSCRIBE these filters on the current connection, each with its
+    /// [`subscription_id`](super::subscription_id), and send one [`Input::SubAck`] with their
+    /// answers. The driver need not wait for them before carrying out the next action.
     Subscribe(Vec<(ExactFilter, Qos)>),
     /// UNSUBSCRIBE exactly these strings on the current connection.
     Unsubscribe(Vec<ExactFilter>),
