@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -28,10 +27,12 @@ use wharf_mqtt::{
     ConnectOptions, Credentials, Deliveries, Delivery, DisconnectReason, Session, SessionHandle,
 };
 
-use super::ingest::{to_log_message, MqttHandler, MqttMessage};
+use super::ingest::MqttHandler;
 use super::runtime::{level_reason, ReconcileOutcome, RuntimeSettings, SessionStatus};
 use super::SessionLedger;
 use crate::config::ResolvedSession;
+
+mod deliveries;
 
 /// How a run ended.
 pub(super) enum Outcome {
@@ -258,38 +259,6 @@ impl<'a> Run<'a> {
             "connected"
         );
         Ok(Connection { handle, deliveries })
-    }
-
-    /// Takes a delivery and whatever else is already waiting, up to a batch: `ingest_batch`
-    /// deliveries, and no more once their payloads reach `ingest_batch_bytes`.
-    fn receive(&mut self, first: Delivery, connection: &mut Connection) {
-        let mut bytes = first.payload.len();
-        self.park(first);
-        while self.parked.len() < self.settings.ingest_batch
-            && bytes < self.settings.ingest_batch_bytes
-        {
-            // Outside the task's cooperative budget: a budget spent by the loop would make a
-            // ready delivery look pending and cut the batch short (64 of 100 seen under load).
-            match tokio::task::unconstrained(connection.deliveries.next()).now_or_never() {
-                Some(Ok(delivery)) => {
-                    bytes += delivery.payload.len();
-                    self.park(delivery);
-                }
-                _ => break,
-            }
-        }
-    }
-
-    fn park(&mut self, delivery: Delivery) {
-        self.next_id += 1;
-        self.inputs.push_back(Input::Delivery {
-            id: self.next_id,
-            generation: delivery.generation.0,
-            topic: delivery.topic.clone(),
-            dup: delivery.dup,
-            subscription_ids: delivery.properties.subscription_identifiers.clone(),
-        });
-        self.parked.insert(self.next_id, delivery);
     }
 
     /// Feeds every queued input and carries out what the machine answers, then hands the
@@ -572,74 +541,6 @@ impl<'a> Run<'a> {
             // Not recorded: the next run sees the same replay again and decides the same.
             Err(outcome) => Step::End(outcome),
         }
-    }
-
-    /// Hands the dispatched batch to the handler, then acks each delivery on its connection.
-    /// Hands the dispatched deliveries to the handler in commits of at most `ingest_batch`
-    /// deliveries and `ingest_batch_bytes` of payload (deliveries that waited for the
-    /// SUBACK dispatch together), acking each commit's deliveries after it.
-    async fn flush(&mut self, connection: &Connection) -> Step {
-        while !self.batch.is_empty() {
-            let take = self.next_commit_len();
-            let batch: Vec<_> = self.batch.drain(..take).collect();
-            if let Step::End(outcome) = self.commit(batch, connection).await {
-                return Step::End(outcome);
-            }
-        }
-        Step::Continue
-    }
-
-    /// How many of the dispatched deliveries the next commit takes (at least one).
-    fn next_commit_len(&self) -> usize {
-        let mut bytes = 0;
-        let mut take = 0;
-        for (_, delivery) in self.batch.iter().take(self.settings.ingest_batch.max(1)) {
-            if take > 0 && bytes >= self.settings.ingest_batch_bytes {
-                break;
-            }
-            bytes += delivery.payload.len();
-            take += 1;
-        }
-        take
-    }
-
-    async fn commit(&mut self, batch: Vec<(u64, Delivery)>, connection: &Connection) -> Step {
-        let mut messages = Vec::with_capacity(batch.len());
-        for (_, delivery) in &batch {
-            let Some(log_topic) = self.log_topic(&delivery.topic) else {
-                continue;
-            };
-            match to_log_message(delivery) {
-                Ok(message) => messages.push(MqttMessage { log_topic, message }),
-                Err(e) => {
-                    return Step::End(self.retry(format!(
-                        "a delivery on {} cannot be stored in the log ({e}); it stays unacked",
-                        delivery.topic
-                    )))
-                }
-            }
-        }
-        if let Err(e) = self.handler.handle(&messages).await {
-            return Step::End(self.retry(format!(
-                "the handler failed ({e}); {} deliveries stay unacked for the broker to replay",
-                batch.len() + self.batch.len()
-            )));
-        }
-        for (_, delivery) in &batch {
-            connection.handle.ack(delivery).await;
-        }
-        let count = batch.len() as u64;
-        self.status.send_modify(|s| s.ingested += count);
-        Step::Continue
-    }
-
-    /// The log topic of the first desired subscription whose filter matches `topic`.
-    fn log_topic(&self, topic: &str) -> Option<wharf_domain::TopicName> {
-        self.session
-            .subscriptions
-            .iter()
-            .find(|(filter, _, _)| filter.matches(topic))
-            .map(|(_, _, log_topic)| log_topic.clone())
     }
 }
 
