@@ -222,6 +222,34 @@ impl Store {
         }
     }
 
+    /// One attempt, optimistic unless `*locked` (see [`Store::execute_optimistic`]). A conflict
+    /// (another attempt committed between the read and the write; nothing was written) sets
+    /// `*locked` and returns `None`: the caller decides again from a fresh state and calls
+    /// this again, which then runs locked and cannot conflict.
+    pub async fn attempt<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+        locked: &mut bool,
+    ) -> Result<Option<Result<T, E>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+    {
+        if *locked {
+            return self.execute(target, decide).await.map(Some);
+        }
+        match self.execute_optimistic(target, decide).await {
+            Err(StoreError::Conflict { .. }) => {
+                *locked = true;
+                Ok(None)
+            }
+            other => other.map(Some),
+        }
+    }
+
     /// Runs one locked declaration attempt (see [`group`]).
     pub async fn execute_group<T, E, F>(
         &self,

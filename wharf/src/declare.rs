@@ -166,17 +166,8 @@ impl Attempter<'_> {
                 first_declared_at,
                 self.snapshot_every,
             );
-            let attempt = if locked {
-                self.store.execute_group(lock, decide).await
-            } else {
-                self.store.execute_optimistic(lock, decide).await
-            };
-            let decided = match attempt {
-                Err(StoreError::Conflict { .. }) if !locked => {
-                    locked = true;
-                    continue;
-                }
-                other => other?,
+            let Some(decided) = self.store.attempt(lock, decide, &mut locked).await? else {
+                continue;
             };
             match decided {
                 Ok((outcome, next)) => {

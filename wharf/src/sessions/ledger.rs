@@ -217,23 +217,17 @@ impl SessionLedger {
                 fence: self.fence.clone(),
             };
             let decide = decision(state, command.clone(), metadata.clone());
-            let attempt = if locked {
-                self.store.execute(lock, decide).await
-            } else {
-                self.store.execute_optimistic(lock, decide).await
-            };
+            let attempt = self.store.attempt(lock, decide, &mut locked).await;
             let decided = match attempt {
-                Err(StoreError::Conflict { .. }) if !locked => {
-                    locked = true;
-                    continue;
-                }
+                Ok(Some(decided)) => decided,
+                Ok(None) => continue,
                 Err(StoreError::GuardRefused { reason, .. }) => {
                     return Err(WharfError::Fenced {
                         session_id: session_id.to_owned(),
                         reason,
                     })
                 }
-                other => other?,
+                Err(other) => return Err(other.into()),
             };
             match decided {
                 Ok((events, state, sequence)) => {
