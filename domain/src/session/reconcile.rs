@@ -17,7 +17,8 @@
 //!    judged once every wave was Remembered and every Subscribe answered.
 //! 2. A SUBACK that refuses a filter, leaves one out, or grants a QoS below the requested one
 //!    **fails** the reconcile ([`Action::Failed`], judged over all the connection's SUBACKs):
-//!    the history is kept, the level stays `Connected`, and the machine waits for a new connection to retry. No per-filter quarantine.
+//!    the history is kept, the level stays `Connected`, and the machine waits for a new
+//!    connection to retry. No per-filter quarantine.
 //! 3. All granted: `Subscribed`. The stale filters (history minus desired) are UNSUBSCRIBEd by
 //!    their exact strings. UNSUBACK reasons 0x00 and 0x11 verify a removal; any other reason,
 //!    or no reason at all, leaves the filter pending (durable, retried on a later connection).
@@ -64,7 +65,7 @@ use super::ledger::{
 };
 use crate::error::ValidationError;
 use deliveries::Parked;
-use plan::to_remember;
+use plan::{partition, to_remember};
 use removal::join_limited;
 
 /// A point in time: how long since an arbitrary epoch the driver chose (its monotonic clock).
@@ -98,7 +99,7 @@ impl ReconcileSettings {
     /// The same settings with a first Remember of at most `filters` filters.
     pub fn with_first_wave(self, filters: usize) -> Self {
         Self {
-            first_wave: filters.max(1),
+            first_wave: filters,
             ..self
         }
     }
@@ -380,12 +381,7 @@ impl Reconciler {
     /// A new connection: SUBSCRIBE what the history already holds at its QoS, and Remember
     /// the first wave of the rest (unless a Remember is outstanding: its commit goes on).
     fn remember_or_subscribe(&mut self, actions: &mut Vec<Action>) {
-        let known: Vec<(ExactFilter, Qos)> = self
-            .desired
-            .iter()
-            .filter(|(f, q)| self.history.get(*f).and_then(|r| r.qos) == Some(**q))
-            .map(|(f, q)| (f.clone(), *q))
-            .collect();
+        let (known, _) = partition(&self.desired, &self.history);
         self.subscribe_on_current(known, actions);
         self.remember_next_wave(actions);
         self.judge_if_answered(actions);

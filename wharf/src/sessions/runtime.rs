@@ -52,6 +52,14 @@ pub struct RuntimeSettings {
     pub lease: LeaseTiming,
 }
 
+impl RuntimeSettings {
+    /// Whether an ingest batch of `deliveries` holding `bytes` of payload is full: at
+    /// `mqtt.ingest_batch` deliveries, or once its payloads reached `mqtt.ingest_batch_bytes`.
+    pub(super) fn ingest_batch_full(&self, deliveries: usize, bytes: usize) -> bool {
+        deliveries >= self.ingest_batch.max(1) || bytes >= self.ingest_batch_bytes
+    }
+}
+
 /// The outcome of the newest reconcile attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ReconcileOutcome {

@@ -103,8 +103,8 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Write these filters to the ledger (`ManagedSessionCommand::Remember`), then send
-    /// [`Input::Remembered`]; at most one is outstanding. If the write fails, rebuild the machine from the ledger, as
-    /// after a crash: nothing is subscribed meanwhile.
+    /// [`Input::Remembered`]; at most one is outstanding. If the write fails, rebuild the
+    /// machine from the ledger, as after a crash: nothing is subscribed meanwhile.
     Remember(Vec<(ExactFilter, Qos)>),
     /// SUBSCRIBE these filters on the current connection, each with its
     /// [`subscription_id`](super::subscription_id), and send one [`Input::SubAck`] with their

@@ -68,13 +68,25 @@ fn merge_desired(desired: &[(ExactFilter, Qos)]) -> BTreeMap<ExactFilter, Qos> {
     merged
 }
 
+/// Filters with the QoS they are (to be) requested at.
+type Requested = Vec<(ExactFilter, Qos)>;
+
+/// The desired filters the history does not hold at their QoS: what must be Remembered.
 pub(super) fn to_remember(
     desired: &BTreeMap<ExactFilter, Qos>,
     history: &BTreeMap<ExactFilter, FilterRecord>,
-) -> Vec<(ExactFilter, Qos)> {
+) -> Requested {
+    partition(desired, history).1
+}
+
+/// The desired filters split into those the history holds at their QoS (durable: they may be
+/// SUBSCRIBEd at once) and the rest (to Remember first), each in filter order.
+pub(super) fn partition(
+    desired: &BTreeMap<ExactFilter, Qos>,
+    history: &BTreeMap<ExactFilter, FilterRecord>,
+) -> (Requested, Requested) {
     desired
         .iter()
-        .filter(|(f, q)| history.get(*f).and_then(|r| r.qos) != Some(**q))
         .map(|(f, q)| (f.clone(), *q))
-        .collect()
+        .partition(|(f, q)| history.get(f).and_then(|r| r.qos) == Some(*q))
 }

@@ -14,9 +14,7 @@ impl Run<'_> {
     pub(super) fn receive(&mut self, first: Delivery, connection: &mut Connection) {
         let mut bytes = first.payload.len();
         self.park(first);
-        while self.parked.len() < self.settings.ingest_batch
-            && bytes < self.settings.ingest_batch_bytes
-        {
+        while !self.settings.ingest_batch_full(self.parked.len(), bytes) {
             // Outside the task's cooperative budget: a budget spent by the loop would make a
             // ready delivery look pending and cut the batch short (64 of 100 seen under load).
             match tokio::task::unconstrained(connection.deliveries.next()).now_or_never() {
@@ -59,8 +57,8 @@ impl Run<'_> {
     fn next_commit_len(&self) -> usize {
         let mut bytes = 0;
         let mut take = 0;
-        for (_, delivery) in self.batch.iter().take(self.settings.ingest_batch.max(1)) {
-            if take > 0 && bytes >= self.settings.ingest_batch_bytes {
+        for (_, delivery) in &self.batch {
+            if take > 0 && self.settings.ingest_batch_full(take, bytes) {
                 break;
             }
             bytes += delivery.payload.len();
