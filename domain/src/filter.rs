@@ -23,30 +23,7 @@ impl TopicFilter {
     /// Validates `value` as a topic filter, naming `field` in the error when it is not one.
     pub fn parse(field: &str, value: &str) -> Result<Self, ValidationError> {
         check_common(field, value)?;
-        if value.starts_with("$share/") || value == "$share" {
-            return Err(ValidationError::new(
-                field,
-                value,
-                "shared-subscription syntax ($share/...) is not a binding; bind the plain filter",
-            ));
-        }
-        let levels: Vec<&str> = value.split('/').collect();
-        for (index, level) in levels.iter().enumerate() {
-            if level.contains('#') && (*level != "#" || index != levels.len() - 1) {
-                return Err(ValidationError::new(
-                    field,
-                    value,
-                    "'#' must be the whole of the last level",
-                ));
-            }
-            if level.contains('+') && *level != "+" {
-                return Err(ValidationError::new(
-                    field,
-                    value,
-                    "'+' must be the whole of its level",
-                ));
-            }
-        }
+        check_plain(field, value)?;
         Ok(Self(value.to_owned()))
     }
 
@@ -127,6 +104,43 @@ impl fmt::Display for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// A plain (not shared) filter's own rules, after [`check_common`]: what [`TopicFilter::parse`]
+/// accepts, checked without building one (a ledger decode checks every filter of a
+/// 10,000-filter event).
+pub(crate) fn check_plain(field: &str, value: &str) -> Result<(), ValidationError> {
+    if value.starts_with("$share/") || value == "$share" {
+        return Err(ValidationError::new(
+            field,
+            value,
+            "shared-subscription syntax ($share/...) is not a binding; bind the plain filter",
+        ));
+    }
+    check_levels(field, value)
+}
+
+/// The wildcard rules of a filter's levels, without allocating.
+fn check_levels(field: &str, value: &str) -> Result<(), ValidationError> {
+    let mut levels = value.split('/').peekable();
+    while let Some(level) = levels.next() {
+        let last = levels.peek().is_none();
+        if level.contains('#') && (level != "#" || !last) {
+            return Err(ValidationError::new(
+                field,
+                value,
+                "'#' must be the whole of the last level",
+            ));
+        }
+        if level.contains('+') && level != "+" {
+            return Err(ValidationError::new(
+                field,
+                value,
+                "'+' must be the whole of its level",
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn check_common(field: &str, value: &str) -> Result<(), ValidationError> {

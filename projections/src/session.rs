@@ -49,6 +49,15 @@ fn qos_column(qos: Qos) -> i16 {
     i16::from(qos.level())
 }
 
+/// A SUBACK outcome as one column value for the Postgres statement: a granted QoS as itself
+/// (0-2), a refusal as `-1 - reason_code` (-1 to -256), so every outcome maps back exactly.
+fn outcome_code(outcome: SubscribeOutcome) -> i16 {
+    match outcome {
+        SubscribeOutcome::Granted { qos } => qos_column(qos),
+        SubscribeOutcome::Refused { reason_code } => -1 - i16::from(reason_code),
+    }
+}
+
 fn strings(filters: &[ExactFilter]) -> Vec<String> {
     filters.iter().map(|f| f.as_str().to_owned()).collect()
 }
@@ -210,13 +219,25 @@ impl ManagedSessions {
                         .map(|r| qos_column(r.qos))
                         .collect::<Vec<_>>(),
                 )?;
+                // Each listed filter's index entry is looked up once: the rows already there
+                // are updated by key (none, for a wave of new filters: an empty array reads
+                // no index page), the others inserted without a second lookup.
+                statement.cte(
+                    "filters_listed",
+                    &format!(
+                        "SELECT t.f, t.q, EXISTS (SELECT 1 FROM managed_filter m \
+                           WHERE m.session_id = {session} AND m.filter = t.f) AS known \
+                         FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q)"
+                    ),
+                );
                 statement.cte(
                     "filters_re_remembered",
                     &format!(
-                        "UPDATE managed_filter m SET state = 'remembered', requested_qos = t.q, \
+                        "UPDATE managed_filter m SET state = 'remembered', requested_qos = l.q, \
                          granted_qos = NULL, reason_code = NULL, updated_position = {position} \
-                         FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q) \
-                         WHERE m.session_id = {session} AND m.filter = t.f"
+                         FROM filters_listed l \
+                         WHERE m.session_id = {session} AND m.filter = l.f AND l.known \
+                           AND m.filter = ANY(ARRAY(SELECT f FROM filters_listed WHERE known))"
                     ),
                 );
                 statement.cte(
@@ -225,36 +246,42 @@ impl ManagedSessions {
                         "INSERT INTO managed_filter (session_id, filter, state, requested_qos, \
                          since_position, updated_position) \
                          SELECT {session}, f, 'remembered', q, {position}, {position} \
-                         FROM unnest({names}::text[], {qos}::smallint[]) AS t(f, q) \
-                         WHERE NOT EXISTS (SELECT 1 FROM managed_filter m \
-                           WHERE m.session_id = {session} AND m.filter = t.f)"
+                         FROM filters_listed WHERE NOT known"
                     ),
                 );
             }
             ManagedFilterEvent::SubscribesAcknowledged { outcomes } => {
-                let rows: Vec<_> = outcomes
-                    .iter()
-                    .map(|e| {
-                        (
-                            e.filter.as_str().to_owned(),
-                            qos_column(e.requested),
-                            acknowledged(e.outcome),
-                        )
-                    })
-                    .collect();
-                let names = statement.bind(rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>())?;
-                let requested = statement.bind(rows.iter().map(|r| r.1).collect::<Vec<_>>())?;
-                let states =
-                    statement.bind(rows.iter().map(|r| r.2 .0.to_owned()).collect::<Vec<_>>())?;
-                let granted = statement.bind(rows.iter().map(|r| r.2 .1).collect::<Vec<_>>())?;
-                let reasons = statement.bind(rows.iter().map(|r| r.2 .2).collect::<Vec<_>>())?;
+                // Three arrays, each outcome one smallint (`outcome_code`); the state and the
+                // two outcome columns follow from it in the statement.
+                let names = statement.bind(
+                    outcomes
+                        .iter()
+                        .map(|e| e.filter.as_str())
+                        .collect::<Vec<_>>(),
+                )?;
+                let requested = statement.bind(
+                    outcomes
+                        .iter()
+                        .map(|e| qos_column(e.requested))
+                        .collect::<Vec<_>>(),
+                )?;
+                let answered = statement.bind(
+                    outcomes
+                        .iter()
+                        .map(|e| outcome_code(e.outcome))
+                        .collect::<Vec<_>>(),
+                )?;
                 statement.cte(
                     "filters_acknowledged",
                     &format!(
-                        "UPDATE managed_filter m SET state = t.s, requested_qos = t.r, \
-                         granted_qos = t.g, reason_code = t.c, updated_position = {position} \
-                         FROM unnest({names}::text[], {states}::text[], {requested}::smallint[], \
-                           {granted}::smallint[], {reasons}::smallint[]) AS t(f, s, r, g, c) \
+                        "UPDATE managed_filter m SET \
+                         state = CASE WHEN t.a >= 0 THEN 'granted' ELSE 'refused' END, \
+                         requested_qos = t.r, \
+                         granted_qos = CASE WHEN t.a >= 0 THEN t.a END, \
+                         reason_code = CASE WHEN t.a < 0 THEN -1 - t.a END, \
+                         updated_position = {position} \
+                         FROM unnest({names}::text[], {requested}::smallint[], \
+                           {answered}::smallint[]) AS t(f, r, a) \
                          WHERE m.session_id = {session} AND m.filter = t.f"
                     ),
                 );

@@ -54,6 +54,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(11, "postgres", "0011_expect_version.sql"),
     migration!(12, "postgres", "0012_group_snapshot.sql"),
     migration!(13, "postgres", "0013_claim_function.sql"),
+    migration!(14, "postgres", "0014_event_payload_lz4.sql"),
 ];
 
 /// The schema version this build needs.

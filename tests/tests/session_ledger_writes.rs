@@ -267,6 +267,27 @@ async fn remember_rows_are_what_a_rebuild_replays(backend: Backend) {
         )
         .await
         .expect("record");
+    let acknowledged = wharf
+        .read_model()
+        .managed_sessions(Some(&id))
+        .await
+        .expect("rows");
+    let refused = row(&acknowledged[0].filters, "new/#");
+    assert_eq!(
+        (
+            refused.state.as_str(),
+            refused.requested_qos,
+            refused.granted_qos,
+            refused.reason_code
+        ),
+        ("refused", Some(0), None, Some(0x87)),
+        "a refusal keeps its reason code and no granted QoS"
+    );
+    let granted_row = row(&acknowledged[0].filters, "seeded/#");
+    assert_eq!(
+        (granted_row.granted_qos, granted_row.reason_code),
+        (Some(1), None)
+    );
     // Remembered again at another QoS: the acknowledged row goes back to remembered.
     ledger
         .remember(&id, vec![(filter("new/#"), Qos::AtLeastOnce)])

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ValidationError;
-use crate::filter::{check_common, TopicFilter};
+use crate::filter::{check_common, check_plain};
 use crate::matcher::filter_text_matches;
 
 const SHARE_PREFIX: &str = "$share/";
@@ -33,6 +33,12 @@ impl ExactFilter {
     /// Validates `value`, naming `field` (e.g. `sessions.plant.subscriptions[2].filter`) in the
     /// error when it is not a filter.
     pub fn parse_field(field: &str, value: &str) -> Result<Self, ValidationError> {
+        Self::check(field, value)?;
+        Ok(Self(value.to_owned()))
+    }
+
+    /// Validates `value` as [`ExactFilter::parse_field`] does, without copying it.
+    fn check(field: &str, value: &str) -> Result<(), ValidationError> {
         check_common(field, value)?;
         if value == "$share" {
             return Err(shared_form_error(field, value));
@@ -44,9 +50,9 @@ impl ExactFilter {
             check_share_name(field, value, share)?;
             check_inner(field, value, inner)?;
         } else {
-            TopicFilter::parse(field, value)?;
+            check_plain(field, value)?;
         }
-        Ok(Self(value.to_owned()))
+        Ok(())
     }
 
     /// The filter exactly as given, shared prefix included.
@@ -73,7 +79,7 @@ impl ExactFilter {
     /// Does a message published on `topic` match this subscription? MQTT v5 section 4.7 on the
     /// topic filter, including the rule that a leading wildcard does not match a `$` topic.
     pub fn matches(&self, topic: &str) -> bool {
-        // The inner filter was validated by `TopicFilter::parse` at construction.
+        // The inner filter was validated as a plain filter at construction.
         filter_text_matches(self.topic_filter(), topic)
     }
 
@@ -123,15 +129,17 @@ fn check_inner(field: &str, value: &str, inner: &str) -> Result<(), ValidationEr
             "the filter of a shared subscription may not itself be shared",
         ));
     }
-    TopicFilter::parse(field, inner)
-        .map(|_| ())
+    check_common(field, inner)
+        .and_then(|()| check_plain(field, inner))
         .map_err(|inner_error| ValidationError::new(field, value, &inner_error.reason))
 }
 
 impl TryFrom<String> for ExactFilter {
     type Error = ValidationError;
     fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value)
+        // Kept as given, not copied: a decode of a stored event hands over its own string.
+        Self::check(FIELD, &value)?;
+        Ok(Self(value))
     }
 }
 
