@@ -30,6 +30,7 @@ pub mod session_views;
 pub mod snapshots;
 pub mod summary;
 pub mod views;
+mod walks;
 
 use std::sync::Arc;
 

@@ -35,70 +35,8 @@ pub(crate) struct PageKeys {
     pub waiting: bool,
 }
 
-const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e.version, e.patterns, \
-     e.previous, e.declared_at, e.attempt_at, e.position, e.installs";
-
-/// The page statement on either backend (`p` is the placeholder prefix, `$` or `?`): `1` the
-/// group name to start after, `2` the row count, `3` the topic when filtered.
-///
-/// Without `waiting` it walks `effective_declaration` by name (by `(topic, group_name)` with a
-/// topic). With `waiting`, on Postgres it skips through the partial index of waiting attempts
-/// one group at a time (a recursive loose index scan: each step is one index descent to the
-/// next group name with a waiting attempt) and looks each such group up by key, with its
-/// first open waiter, so a page costs the groups with waiting attempts it passes, not their
-/// attempts (walking every waiting attempt read all 100k of a crash-looping group's, 0.9 s,
-/// and a walk of the groups probing for a waiter was planned as a sequential scan of
-/// `effective_declaration`); on SQLite it walks the groups and probes each one's waiting rows
-/// by key, so a page costs the groups it passes.
-pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
-    let topic = if topic {
-        format!(" AND e.topic = {p}3")
-    } else {
-        String::new()
-    };
-    if waiting && p == '$' {
-        // Each LATERAL subquery has a LIMIT, so none is flattened into a join (a hash join
-        // over a scan of every group, or a bitmap of every waiting attempt of a group). The
-        // recursion yields group names in order and is evaluated only as far as the LIMIT
-        // pulls; the outer ORDER BY sorts the page, never the recursion.
-        let topic = topic.replace("e.topic", "g.topic");
-        return format!(
-            "SELECT {EFFECTIVE_COLUMNS} FROM ( \
-               WITH RECURSIVE waiting(name) AS ( \
-                 (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > {p}1 \
-                   ORDER BY a.group_name LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > w.name \
-                   ORDER BY a.group_name LIMIT 1) \
-                 FROM waiting w WHERE w.name IS NOT NULL) \
-               SELECT g.* FROM waiting w CROSS JOIN LATERAL ( \
-                 SELECT g.* FROM effective_declaration g CROSS JOIN LATERAL ( \
-                   SELECT 1 FROM declarer_attempt a WHERE a.group_name = g.group_name \
-                   AND a.status = 'waiting' AND a.patterns <> g.patterns \
-                   ORDER BY a.declared_at, a.declarer LIMIT 1) open \
-                 WHERE g.group_name = w.name{topic} LIMIT 1) g \
-               LIMIT {p}2) e \
-             ORDER BY e.group_name"
-        );
-    }
-    if waiting {
-        // SQLite walks the groups by name and probes each one's waiting rows by key, stopping
-        // when the page is full (a join from the waiting rows sorted every waiting group
-        // after the cursor first: 0.6 s at 100k groups).
-        return format!(
-            "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
-             {topic} AND EXISTS (SELECT 1 FROM declarer_attempt a \
-               WHERE a.group_name = e.group_name AND a.status = 'waiting' \
-               AND a.patterns <> e.patterns) ORDER BY e.group_name LIMIT {p}2"
-        );
-    }
-    format!(
-        "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
-         {topic} ORDER BY e.group_name LIMIT {p}2"
-    )
-}
+pub use crate::walks::page_sql;
+use crate::walks::EFFECTIVE_COLUMNS;
 
 /// One group's effective row (`?1`/`$1` the group).
 pub fn one_sql(p: char) -> String {

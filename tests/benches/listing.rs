@@ -25,7 +25,8 @@
 //!
 //! Run: `cargo bench -p wharf-tests --bench listing` (`WHARF_BENCH_EVENTS=1000000`,
 //! `WHARF_BENCH_GROUPS=100,10000`, `WHARF_BENCH_LONG=1000,10000,100000`,
-//! `WHARF_BENCH_BACKENDS=sqlite|postgres`).
+//! `WHARF_BENCH_BACKENDS=sqlite|postgres`; `WHARF_BENCH_CASES=a,b` runs only the cases whose
+//! label contains one of them, e.g. `first page,one group`).
 
 #[path = "listing/baseline.rs"]
 mod baseline;
@@ -551,6 +552,9 @@ async fn main() {
     let long = list("WHARF_BENCH_LONG", &[1_000, 10_000, 100_000]);
     let explain = std::env::var("WHARF_BENCH_EXPLAIN").is_ok_and(|v| v == "1");
     let profiling = std::env::var("WHARF_BENCH_PROFILE").is_ok_and(|v| v == "1");
+    let only: Vec<String> = std::env::var("WHARF_BENCH_CASES")
+        .map(|s| s.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     for backend in backends() {
         for group_count in list("WHARF_BENCH_GROUPS", &[100, 10_000]) {
             let test = TestStore::new(backend).await;
@@ -581,6 +585,9 @@ async fn main() {
             );
             println!("|---|---|---|---|---|---|---|---|");
             for case in cases(&server, &test.store, &groups).await {
+                if !only.is_empty() && !only.iter().any(|o| case.label.contains(o.as_str())) {
+                    continue;
+                }
                 run_case(&server, &test.store, &case, requests, conns).await;
             }
             println!("(load after: {})", load_average());

@@ -8,7 +8,8 @@
 //!   `EXISTS (... position > (subquery))`, is run too, and must be caught: the detector works.
 //! - A group's history page (`QUERY_EVENTS`) is among them (no scan; on SQLite no sort).
 //! - SQLite: `EXPLAIN QUERY PLAN` of the same statements shows no `SCAN` of those tables and
-//!   no sort of what a search found (`USE TEMP B-TREE`).
+//!   no sort of what a search found (`USE TEMP B-TREE`); a page of waiting groups does not walk
+//!   `effective_declaration` by a range of names (ADR 0044; the former walk must be caught).
 //!
 //! `SHOW_PLANS=1` prints the plan of every statement caught scanning.
 
@@ -490,6 +491,13 @@ async fn root_buffers(
     buffers(&plan[0]["Plan"])
 }
 
+/// SQLite's page of waiting groups before ADR 0044: a walk of every group by name from the
+/// cursor, probing each for an open waiter (ten groups passed per waiting one in the bench).
+const SQLITE_FORMER_WAITING: &str = "SELECT e.group_name FROM effective_declaration e \
+     WHERE e.group_name > ?1 AND EXISTS (SELECT 1 FROM declarer_attempt a \
+       WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+       AND a.patterns <> e.patterns) ORDER BY e.group_name LIMIT ?2";
+
 #[tokio::test]
 async fn sqlite_listing_reads_search_by_key() {
     let store = TestStore::new(Backend::Sqlite).await;
@@ -509,6 +517,10 @@ async fn sqlite_listing_reads_search_by_key() {
         ("page by topic", page_sql('?', true, false)),
         ("page of waiting groups", page_sql('?', false, true)),
         ("page by topic of waiting groups", page_sql('?', true, true)),
+        (
+            "page of waiting groups by a walk of every group (must be caught)",
+            SQLITE_FORMER_WAITING.to_owned(),
+        ),
         ("one group", one_sql('?')),
         ("waiters", SQLITE_WAITERS.to_owned()),
         ("instances", SQLITE_INSTANCES.to_owned()),
@@ -549,13 +561,22 @@ async fn sqlite_listing_reads_search_by_key() {
     for (what, lines) in plans {
         // `SCAN x` (with or without `USING ... INDEX`) reads every row of x; `SEARCH` is keyed;
         // a temporary B-tree sorts every row the search found before the first is returned.
+        // The skip scan's own rows (`waiting_group`, one per group it stepped to) are not a
+        // table. A page of waiting groups must not walk the groups by a range of names
+        // (`effective_declaration ... (group_name>?)`): it steps through the waiting index
+        // and looks each group up by equality (ADR 0044).
+        let waiting_page = what.contains("waiting groups");
         let scans: Vec<&String> = lines
             .iter()
             .filter(|line| {
                 (line.starts_with("SCAN ")
                     && *line != "SCAN CONSTANT ROW"
+                    && *line != "SCAN waiting_group"
                     && !line.starts_with("SCAN (subquery-"))
                     || line.contains("TEMP B-TREE")
+                    || (waiting_page
+                        && line.contains("effective_declaration")
+                        && line.contains(">?"))
             })
             .collect();
         if what.ends_with("(must be caught)") {

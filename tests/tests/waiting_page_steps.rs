@@ -1,0 +1,135 @@
+//! What SQLite's page of waiting groups costs (ADR 0044), counted in virtual machine steps
+//! (`sqlite3_stmt_status(SQLITE_STMTSTATUS_VM_STEP)`) on a store of 20,000 groups where one in
+//! a hundred has an open waiter and one of those is a crash-looping group with 20,000.
+//!
+//! The page must cost the groups with waiting attempts it passes, not every group after the
+//! cursor: its steps stay within a few times those of a plain page by name of the same size,
+//! where the former walk of every group (probing each) took about a hundred times as many,
+//! and must be caught by the same bound. Both answer the same groups in the same order.
+
+use rusqlite::{Connection, StatementStatus};
+use wharf::store::Store;
+use wharf_projections::rows::page_sql;
+use wharf_tests::{Backend, TestStore};
+
+const GROUPS: i64 = 20_000;
+/// The crash-looping group's waiting attempts.
+const LOOPING: i64 = 20_000;
+/// A page and the row that says another follows.
+const FETCH: i64 = 101;
+/// How many times a page by name's steps a page of waiting groups may take.
+const BOUND: i64 = 8;
+
+/// The former statement (a walk of every group by name from the cursor, probing each).
+const FORMER: &str = "SELECT e.group_name FROM effective_declaration e \
+     WHERE e.group_name > ?1 AND EXISTS (SELECT 1 FROM declarer_attempt a \
+       WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+       AND a.patterns <> e.patterns) ORDER BY e.group_name LIMIT ?2";
+
+/// The store: `GROUPS` groups, one in a hundred (`i % 100 = 7`) with an open waiter, and
+/// `g010007`, one of those, with `LOOPING` more.
+fn fill_sql() -> String {
+    format!(
+        "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {GROUPS})
+         INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns,
+             previous, declared_at, attempt_at, position, installs)
+         SELECT printf('g%06d', i), 't' || (i % 10), 'd', '1', '[\"a/#\"]', NULL, i, i, i + 1, 1
+         FROM n;
+         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {GROUPS})
+         INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns,
+             incumbent, declared_at, attempt_at, position)
+         SELECT printf('g%06d', i), 'w',
+             CASE WHEN i % 100 = 7 THEN 'waiting' ELSE 'resolved' END,
+             '2', '[\"b/#\"]', '[\"a/#\"]', i, i, i + 1
+         FROM n;
+         WITH RECURSIVE k(j) AS (SELECT 0 UNION ALL SELECT j + 1 FROM k WHERE j + 1 < {LOOPING})
+         INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns,
+             incumbent, declared_at, attempt_at, position)
+         SELECT 'g010007', 'loop-' || j, 'waiting', '2', '[\"b/#\"]', '[\"a/#\"]', j, j, j + 1
+         FROM k;"
+    )
+}
+
+/// The group names `sql` answers for `after` (and `topic` when given), and its steps.
+fn run(conn: &Connection, sql: &str, after: &str, topic: Option<&str>) -> (Vec<String>, i64) {
+    let mut stmt = conn.prepare(sql).expect("prepare");
+    let names: Vec<String> = match topic {
+        Some(topic) => stmt
+            .query_map(rusqlite::params![after, FETCH, topic], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows"),
+        None => stmt
+            .query_map(rusqlite::params![after, FETCH], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows"),
+    };
+    (names, i64::from(stmt.get_status(StatementStatus::VmStep)))
+}
+
+#[tokio::test]
+async fn a_page_of_waiting_groups_costs_the_waiting_groups_it_passes() {
+    let store = TestStore::new(Backend::Sqlite).await;
+    let Store::Sqlite(sqlite) = &store.store else {
+        unreachable!("a SQLite test store")
+    };
+    let fill = fill_sql();
+    sqlite
+        .write(move |ctx| Ok(ctx.tx.execute_batch(&fill)?))
+        .await
+        .expect("fill the store");
+    let results = sqlite
+        .read(|conn| {
+            let mut out = Vec::new();
+            for after in ["", "g010000", "g019950"] {
+                let plain = run(conn, &page_sql('?', false, false), after, None);
+                let new = run(conn, &page_sql('?', false, true), after, None);
+                let former = run(conn, FORMER, after, None);
+                out.push((after, None, plain, new, former));
+            }
+            // A topic's waiting groups: t7 holds every waiting group (i % 100 = 7).
+            let topic_former = FORMER.replace(
+                "WHERE e.group_name > ?1",
+                "WHERE e.group_name > ?1 AND e.topic = ?3",
+            );
+            for after in ["", "g010000"] {
+                let plain = run(conn, &page_sql('?', true, false), after, Some("t7"));
+                let new = run(conn, &page_sql('?', true, true), after, Some("t7"));
+                let former = run(conn, &topic_former, after, Some("t7"));
+                out.push((after, Some("t7"), plain, new, former));
+            }
+            Ok(out)
+        })
+        .await
+        .expect("read the pages");
+    for (after, topic, (plain, plain_steps), (new, new_steps), (former, former_steps)) in results {
+        let what = format!("after {after:?}, topic {topic:?}");
+        assert_eq!(new, former, "{what}: the same groups in the same order");
+        let expected: Vec<String> = (0..GROUPS)
+            .filter(|i| i % 100 == 7)
+            .map(|i| format!("g{i:06}"))
+            .filter(|name| name.as_str() > after)
+            .take(FETCH as usize)
+            .collect();
+        assert_eq!(
+            new, expected,
+            "{what}: every waiting group after the cursor"
+        );
+        let bound = BOUND * plain_steps.max(1);
+        assert!(
+            !plain.is_empty() && new_steps <= bound,
+            "{what}: the page of waiting groups took {new_steps} steps, over {BOUND} x a \
+             page by name ({plain_steps})"
+        );
+        // Near the end a page holds few groups and both walks are short; from the start
+        // and the middle the former walk passes a hundred groups per waiting one.
+        if new.len() == FETCH as usize {
+            assert!(
+                former_steps > bound,
+                "{what}: the bound must catch the former walk ({former_steps} steps, \
+                 bound {bound})"
+            );
+        }
+    }
+}
