@@ -60,11 +60,13 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         // before the join (every waiting group after the cursor); as the only table of a
         // subquery it runs as a co-routine that the LIMIT stops. So the skip and the open
         // waiter's probe are the `IN` list's own subquery, and the page looks its groups up
-        // by key in the list's order (no sort).
+        // by key in the list's order (no sort). `NOT MATERIALIZED` keeps the recursion a
+        // co-routine: without it the bundled SQLite chose to materialize it whole, every
+        // waiting group after the cursor (tests/tests/waiting_page_steps.rs).
         let topic = topic.replace("e.topic", "g.topic");
         return format!(
             "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name IN ( \
-               WITH RECURSIVE waiting_group(name) AS ( \
+               WITH RECURSIVE waiting_group(name) AS NOT MATERIALIZED ( \
                  SELECT (SELECT a.group_name FROM declarer_attempt a \
                    WHERE a.status = 'waiting' AND a.group_name > {p}1 \
                    ORDER BY a.group_name LIMIT 1) \
