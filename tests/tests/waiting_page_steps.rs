@@ -8,7 +8,7 @@
 //! and must be caught by the same bound. Both answer the same groups in the same order.
 
 use rusqlite::{Connection, StatementStatus};
-use wharf::store::Store;
+use wharf::store::{SqliteStore, Store};
 use wharf_projections::rows::page_sql;
 use wharf_tests::{Backend, TestStore};
 
@@ -50,6 +50,24 @@ fn fill_sql(every: i64) -> String {
     )
 }
 
+/// A fresh SQLite store filled by [`fill_sql`] with one group in `every` waiting.
+async fn filled(every: i64) -> TestStore {
+    let store = TestStore::new(Backend::Sqlite).await;
+    let fill = fill_sql(every);
+    sqlite_of(&store)
+        .write(move |ctx| Ok(ctx.tx.execute_batch(&fill)?))
+        .await
+        .expect("fill the store");
+    store
+}
+
+fn sqlite_of(store: &TestStore) -> &SqliteStore {
+    let Store::Sqlite(sqlite) = &store.store else {
+        unreachable!("a SQLite test store")
+    };
+    sqlite
+}
+
 /// The group names `sql` answers for `after` (and `topic` when given), and its steps.
 fn run(conn: &Connection, sql: &str, after: &str, topic: Option<&str>) -> (Vec<String>, i64) {
     let mut stmt = conn.prepare(sql).expect("prepare");
@@ -70,15 +88,8 @@ fn run(conn: &Connection, sql: &str, after: &str, topic: Option<&str>) -> (Vec<S
 
 #[tokio::test]
 async fn a_page_of_waiting_groups_costs_the_waiting_groups_it_passes() {
-    let store = TestStore::new(Backend::Sqlite).await;
-    let Store::Sqlite(sqlite) = &store.store else {
-        unreachable!("a SQLite test store")
-    };
-    let fill = fill_sql(100);
-    sqlite
-        .write(move |ctx| Ok(ctx.tx.execute_batch(&fill)?))
-        .await
-        .expect("fill the store");
+    let store = filled(100).await;
+    let sqlite = sqlite_of(&store);
     let results = sqlite
         .read(|conn| {
             let mut out = Vec::new();
@@ -140,15 +151,8 @@ async fn a_page_of_waiting_groups_costs_the_waiting_groups_it_passes() {
 /// which makes it a co-routine the `LIMIT` stops; a fleet where few groups wait cannot tell.
 #[tokio::test]
 async fn a_page_of_waiting_groups_stops_at_its_limit_when_every_group_waits() {
-    let store = TestStore::new(Backend::Sqlite).await;
-    let Store::Sqlite(sqlite) = &store.store else {
-        unreachable!("a SQLite test store")
-    };
-    let fill = fill_sql(1);
-    sqlite
-        .write(move |ctx| Ok(ctx.tx.execute_batch(&fill)?))
-        .await
-        .expect("fill the store");
+    let store = filled(1).await;
+    let sqlite = sqlite_of(&store);
     let results = sqlite
         .read(|conn| {
             let mut out = Vec::new();
