@@ -34,16 +34,11 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         // recursion yields group names in order and is evaluated only as far as the LIMIT
         // pulls; the outer ORDER BY sorts the page, never the recursion.
         let topic = topic.replace("e.topic", "g.topic");
+        let (first, step) = (next_waiting(&format!("{p}1")), next_waiting("w.name"));
         return format!(
             "SELECT {EFFECTIVE_COLUMNS} FROM ( \
                WITH RECURSIVE waiting(name) AS ( \
-                 (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > {p}1 \
-                   ORDER BY a.group_name LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > w.name \
-                   ORDER BY a.group_name LIMIT 1) \
+                 {first} UNION ALL SELECT {step} \
                  FROM waiting w WHERE w.name IS NOT NULL) \
                SELECT g.* FROM waiting w CROSS JOIN LATERAL ( \
                  SELECT g.* FROM effective_declaration g CROSS JOIN LATERAL ( \
@@ -64,16 +59,14 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         // co-routine: without it the bundled SQLite chose to materialize it whole, every
         // waiting group after the cursor (tests/tests/waiting_page_steps.rs).
         let topic = topic.replace("e.topic", "g.topic");
+        let (first, step) = (
+            next_waiting(&format!("{p}1")),
+            next_waiting("waiting_group.name"),
+        );
         return format!(
             "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name IN ( \
                WITH RECURSIVE waiting_group(name) AS NOT MATERIALIZED ( \
-                 SELECT (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > {p}1 \
-                   ORDER BY a.group_name LIMIT 1) \
-                 UNION ALL \
-                 SELECT (SELECT a.group_name FROM declarer_attempt a \
-                   WHERE a.status = 'waiting' AND a.group_name > waiting_group.name \
-                   ORDER BY a.group_name LIMIT 1) \
+                 SELECT {first} UNION ALL SELECT {step} \
                  FROM waiting_group WHERE waiting_group.name IS NOT NULL) \
                SELECT waiting_group.name FROM waiting_group WHERE EXISTS ( \
                  SELECT 1 FROM declarer_attempt a \
@@ -87,5 +80,15 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
     format!(
         "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
          {topic} ORDER BY e.group_name LIMIT {p}2"
+    )
+}
+
+/// One step of the skip: the first group name after `after` with a waiting attempt, as a
+/// parenthesized scalar subquery (one descent of the partial index of waiting attempts).
+fn next_waiting(after: &str) -> String {
+    format!(
+        "(SELECT a.group_name FROM declarer_attempt a \
+         WHERE a.status = 'waiting' AND a.group_name > {after} \
+         ORDER BY a.group_name LIMIT 1)"
     )
 }
