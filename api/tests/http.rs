@@ -1336,7 +1336,7 @@ async fn acquire_lease(store: &Store, session_id: &str, holder: &str) {
             let events: Vec<LeaseEvent> = snapshot
                 .events
                 .iter()
-                .map(|e| LeaseEvent::decode(&e.event_type, &e.payload).unwrap())
+                .map(|e| LeaseEvent::decode(&e.event_type, e.payload.get()).unwrap())
                 .collect();
             let command = LeaseCommand::Acquire {
                 holder,
@@ -1375,7 +1375,7 @@ async fn seed_session(store: &Store, session_id: &str, filters: &[&str]) {
             let events: Vec<ManagedFilterEvent> = snapshot
                 .events
                 .iter()
-                .map(|e| ManagedFilterEvent::decode(&e.event_type, &e.payload).unwrap())
+                .map(|e| ManagedFilterEvent::decode(&e.event_type, e.payload.get()).unwrap())
                 .collect();
             let command = ManagedSessionCommand::Seed {
                 filters,

@@ -378,7 +378,8 @@ fn stored_events_are_the_variant_fields_and_decode_by_type() {
     ];
     for event in events {
         let payload = serde_json::to_value(&event).expect("serializes");
-        let decoded = LeaseEvent::decode(&event.event_type(), &payload).expect("decodes");
+        let decoded =
+            LeaseEvent::decode(&event.event_type(), &payload.to_string()).expect("decodes");
         assert_eq!(decoded, event);
     }
     assert_eq!(
@@ -396,12 +397,12 @@ fn stored_events_are_the_variant_fields_and_decode_by_type() {
 #[test]
 fn decoding_refuses_an_unknown_type_and_a_payload_of_another_type() {
     let released = serde_json::to_value(released("a", 1)).expect("serializes");
-    let err = LeaseEvent::decode("LeaseStolen", &released).expect_err("unknown");
+    let err = LeaseEvent::decode("LeaseStolen", &released.to_string()).expect_err("unknown");
     assert!(err.to_string().contains("LeaseStolen"), "{err}");
-    let err = LeaseEvent::decode("LeaseAcquired", &released).expect_err("wrong fields");
+    let err = LeaseEvent::decode("LeaseAcquired", &released.to_string()).expect_err("wrong fields");
     assert!(err.to_string().contains("LeaseReleased"), "{err}");
     let bad_holder = json!({"holder": "a b", "token": 1});
-    assert!(LeaseEvent::decode("LeaseReleased", &bad_holder).is_err());
+    assert!(LeaseEvent::decode("LeaseReleased", &bad_holder.to_string()).is_err());
 }
 
 #[test]

@@ -435,7 +435,7 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
             "{event_type}"
         );
         assert_eq!(
-            ManagedFilterEvent::decode(event_type, &payload).unwrap(),
+            ManagedFilterEvent::decode(event_type, &payload.to_string()).unwrap(),
             event
         );
         let plain: ManagedFilterEvent = serde_json::from_value(payload).unwrap();
@@ -447,13 +447,15 @@ fn payloads_are_the_variants_fields_and_types_name_the_variant() {
 
 #[test]
 fn decode_refuses_unknown_types_mismatched_bodies_and_invalid_filters() {
-    assert!(ManagedFilterEvent::decode("Nope", &json!({})).is_err());
+    assert!(ManagedFilterEvent::decode("Nope", "{}").is_err());
     let body = json!({"filters": [{"filter": "x", "reason_code": 0}]});
-    assert!(ManagedFilterEvent::decode("FiltersRemembered", &body).is_err());
+    assert!(ManagedFilterEvent::decode("FiltersRemembered", &body.to_string()).is_err());
     let bad = json!({"filters": [{"filter": "$share//x", "qos": 1}]});
-    assert!(ManagedFilterEvent::decode("FiltersRemembered", &bad).is_err());
+    assert!(ManagedFilterEvent::decode("FiltersRemembered", &bad.to_string()).is_err());
     let seed_as_remember = json!({"filters": ["x"], "source": "cli"});
-    assert!(ManagedFilterEvent::decode("FiltersRemembered", &seed_as_remember).is_err());
+    assert!(
+        ManagedFilterEvent::decode("FiltersRemembered", &seed_as_remember.to_string()).is_err()
+    );
 }
 
 #[test]
@@ -521,7 +523,7 @@ fn a_resolution_is_stored_with_its_source_only_and_decodes_exactly() {
     };
     let payload = serde_json::to_value(&event).unwrap();
     assert_eq!(payload, serde_json::json!({ "source": "cli" }));
-    let decoded = ManagedFilterEvent::decode("MigrationResolved", &payload).unwrap();
+    let decoded = ManagedFilterEvent::decode("MigrationResolved", &payload.to_string()).unwrap();
     assert_eq!(decoded, event);
-    assert!(ManagedFilterEvent::decode("MigrationResolved", &serde_json::json!({})).is_err());
+    assert!(ManagedFilterEvent::decode("MigrationResolved", "{}").is_err());
 }

@@ -35,7 +35,7 @@ fn lease_event(event: &EventRef<'_>) -> Result<Option<LeaseEvent>, StoreError> {
     if event.aggregate_type != LEASE_AGGREGATE {
         return Ok(None);
     }
-    LeaseEvent::decode(event.event_type, event.payload)
+    LeaseEvent::decode(event.event_type, event.payload.get())
         .map(Some)
         .map_err(|e| StoreError::decode(event.position.unwrap_or(0), e))
 }

@@ -30,7 +30,7 @@ fn session_event(event: &EventRef<'_>) -> Result<Option<ManagedFilterEvent>, Sto
     if event.aggregate_type != MANAGED_SESSION_AGGREGATE {
         return Ok(None);
     }
-    ManagedFilterEvent::decode(event.event_type, event.payload)
+    ManagedFilterEvent::decode(event.event_type, event.payload.get())
         .map(Some)
         .map_err(|e| StoreError::decode(event.position.unwrap_or(0), e))
 }

@@ -250,7 +250,7 @@ pub async fn session_stream_history(
             position: e.position,
             recorded_at: e.recorded_at,
             event: e.event_type,
-            detail: e.payload,
+            detail: e.payload.to_value(),
             metadata: e.metadata,
         })
         .collect())

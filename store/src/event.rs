@@ -2,9 +2,80 @@
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::error::StoreError;
+
+/// An event body as JSON text, serialized once.
+///
+/// The text is what the ledger stores and what each projector decodes: an append serializes
+/// the domain event straight to text (no `serde_json::Value` tree between), binds that text,
+/// and each inline projector parses its own typed view of it. A 10,000-filter event built
+/// as a tree, decoded from it, printed from it and dropped spent about half of a large
+/// ledger write's client time in the tree (ADR 0045). Equality is by JSON value, not text.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Payload(Box<RawValue>);
+
+impl Payload {
+    /// Serializes a value (a domain event) to its JSON text.
+    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(Self)
+    }
+
+    /// Takes stored JSON text, checking that it is one JSON value.
+    pub fn from_text(text: String) -> Result<Self, serde_json::Error> {
+        RawValue::from_string(text).map(Self)
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Deserializes the text into `T`.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(self.get())
+    }
+
+    /// The JSON as a value tree (for callers that inspect it field by field).
+    pub fn to_value(&self) -> Value {
+        // The text came from a serializer or passed `from_text`: it is one JSON value.
+        self.decode().unwrap_or(Value::Null)
+    }
+}
+
+impl From<Box<RawValue>> for Payload {
+    fn from(raw: Box<RawValue>) -> Self {
+        Self(raw)
+    }
+}
+
+impl From<Value> for Payload {
+    fn from(value: Value) -> Self {
+        // A `Value` always prints to valid JSON.
+        Self::to_json(&value).unwrap_or_else(|_| Self(RawValue::NULL.to_owned()))
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get() || self.to_value() == other.to_value()
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl std::fmt::Display for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.get())
+    }
+}
 
 /// An event about to be appended. The store assigns position, sequence and `recorded_at`.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,8 +84,8 @@ pub struct NewEvent {
     pub event_type: String,
     /// The event's schema version (cqrs-es `DomainEvent::event_version`).
     pub event_version: String,
-    /// The event body.
-    pub payload: Value,
+    /// The event body, as JSON text.
+    pub payload: Payload,
     /// Free-form metadata (who, from where).
     pub metadata: Value,
 }
@@ -28,7 +99,7 @@ impl NewEvent {
         Ok(Self {
             event_type: event.event_type(),
             event_version: event.event_version(),
-            payload: serde_json::to_value(event)?,
+            payload: Payload::to_json(event)?,
             metadata,
         })
     }
@@ -49,8 +120,8 @@ pub struct RecordedEvent {
     pub event_type: String,
     /// The event's schema version.
     pub event_version: String,
-    /// The event body.
-    pub payload: Value,
+    /// The event body, as JSON text.
+    pub payload: Payload,
     /// The event's metadata.
     pub metadata: Value,
     /// When the store recorded it, by the store's clock.
@@ -60,8 +131,9 @@ pub struct RecordedEvent {
 impl RecordedEvent {
     /// Deserializes the payload into a domain event type.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        // Deserialized from the borrowed tree: no copy of the payload.
-        T::deserialize(&self.payload).map_err(|e| StoreError::decode(self.position, e))
+        self.payload
+            .decode()
+            .map_err(|e| StoreError::decode(self.position, e))
     }
 
     /// The event as a projector sees it.
@@ -90,14 +162,14 @@ pub struct EventRef<'a> {
     pub sequence: i64,
     /// The event's type name.
     pub event_type: &'a str,
-    /// The event body.
-    pub payload: &'a Value,
+    /// The event body, as JSON text.
+    pub payload: &'a Payload,
 }
 
 impl EventRef<'_> {
     /// Deserializes the payload into a domain event type.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, StoreError> {
-        T::deserialize(self.payload).map_err(|e| {
+        self.payload.decode().map_err(|e| {
             let at = format!(
                 "{}/{}#{}",
                 self.aggregate_type, self.aggregate_id, self.sequence
@@ -157,4 +229,41 @@ pub struct EventQuery {
     pub payload_field: Option<(String, String)>,
     /// At most this many events.
     pub limit: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Remembered {
+        filters: Vec<String>,
+        qos: u8,
+    }
+
+    #[test]
+    fn a_payload_is_the_serializer_s_text_and_decodes_back() {
+        let event = Remembered {
+            filters: vec!["a/+/b".into(), "c/#".into()],
+            qos: 1,
+        };
+        let payload = Payload::to_json(&event).unwrap();
+        // Field order as declared, nothing re-ordered or re-spaced.
+        assert_eq!(payload.get(), r#"{"filters":["a/+/b","c/#"],"qos":1}"#);
+        assert_eq!(payload.decode::<Remembered>().unwrap(), event);
+        assert_eq!(serde_json::to_string(&payload).unwrap(), payload.get());
+    }
+
+    #[test]
+    fn stored_text_must_be_one_json_value_and_equality_is_by_value() {
+        let err = Payload::from_text("{\"qos\": 1".to_owned()).unwrap_err();
+        assert!(err.is_eof(), "{err}");
+        assert!(Payload::from_text("1 2".to_owned()).is_err());
+        let spaced = Payload::from_text("{ \"b\": 2, \"a\": [1] }".to_owned()).unwrap();
+        let tight = Payload::from(serde_json::json!({"a": [1], "b": 2}));
+        assert_eq!(spaced, tight);
+        assert_ne!(spaced, Payload::from(serde_json::json!({"a": [1], "b": 3})));
+        assert_eq!(spaced.to_value()["b"], 2);
+        assert_eq!(format!("{spaced:?}"), spaced.get());
+    }
 }

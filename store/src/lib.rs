@@ -29,7 +29,9 @@ pub mod sqlite;
 use chrono::{DateTime, Utc};
 
 pub use error::StoreError;
-pub use event::{EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, RecordedEvent};
+pub use event::{
+    EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, Payload, RecordedEvent,
+};
 pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, StreamLock, Write};
 pub use group::{GroupDecision, GroupExtra, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
 pub use group_state::{SavedGroupState, StreamHead};

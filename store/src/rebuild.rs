@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::error::StoreError;
-use crate::event::RecordedEvent;
+use crate::event::{Payload, RecordedEvent};
 
 /// Whether a rebuild replaces the live projections or only compares against them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,7 +168,8 @@ impl RawRow {
             sequence: self.sequence,
             event_type: self.event_type.clone(),
             event_version: self.event_version.clone(),
-            payload: parse(&self.payload)?,
+            payload: Payload::from_text(self.payload.clone())
+                .map_err(|e| StoreError::decode(self.position, e))?,
             metadata: parse(&self.metadata)?,
             recorded_at: self.recorded_at,
         })

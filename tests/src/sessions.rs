@@ -101,7 +101,7 @@ pub async fn ledger_events(ts: &TestStore, session_id: &str) -> Vec<(String, ser
         .await
         .expect("the ledger's events")
         .into_iter()
-        .map(|e| (e.event_type, e.payload))
+        .map(|e| (e.event_type, e.payload.to_value()))
         .collect()
 }
 

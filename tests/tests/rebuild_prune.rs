@@ -377,7 +377,7 @@ fn newest_per_declarer(events: &[RecordedEvent]) -> BTreeMap<(String, String), i
         .iter()
         .filter(|e| e.aggregate_type == "consumer_group")
     {
-        let who = e.payload["declarer"]
+        let who = e.payload.to_value()["declarer"]
             .as_str()
             .expect("a declaration names its declarer")
             .to_owned();

@@ -37,7 +37,7 @@ async fn folded(store: &Store, id: &str) -> ManagedSession {
     let decoded: Vec<_> = events
         .iter()
         .map(|e| {
-            wharf::domain::session::ManagedFilterEvent::decode(&e.event_type, &e.payload)
+            wharf::domain::session::ManagedFilterEvent::decode(&e.event_type, e.payload.get())
                 .expect("a session event")
         })
         .collect();

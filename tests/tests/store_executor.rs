@@ -88,7 +88,7 @@ fn event(n: i64) -> NewEvent {
     NewEvent {
         event_type: "Counted".to_owned(),
         event_version: "1.0".to_owned(),
-        payload: json!({ "n": n }),
+        payload: json!({ "n": n }).into(),
         metadata: json!({}),
     }
 }
@@ -265,7 +265,7 @@ async fn optimistic_attempts_under_contention_all_land_in_order(backend: Backend
     let loaded = ts.store.load("test_fenced", "s1").await.expect("load");
     let payloads: Vec<i64> = loaded
         .iter()
-        .map(|e| e.payload["n"].as_i64().unwrap())
+        .map(|e| e.payload.to_value()["n"].as_i64().unwrap())
         .collect();
     assert_eq!(
         payloads,

@@ -28,7 +28,7 @@ fn event(event_type: &str, payload: Value) -> NewEvent {
     NewEvent {
         event_type: event_type.to_owned(),
         event_version: "1.0".to_owned(),
-        payload,
+        payload: payload.into(),
         metadata: json!({ "test": "fused" }),
     }
 }
@@ -80,7 +80,12 @@ impl PgProjector for Tagger {
             return Ok(false);
         }
         let sequence = statement.bind(event.sequence)?;
-        let tag = statement.bind(event.payload["tag"].as_str().unwrap_or("").to_owned())?;
+        let tag = statement.bind(
+            event.payload.to_value()["tag"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        )?;
         statement.cte(
             "tagged",
             &format!(

@@ -99,11 +99,9 @@ pub mod event_types {
 }
 
 impl LeaseEvent {
-    /// Decodes a stored event from its type name and payload (the variant's fields).
-    pub fn decode(
-        event_type: &str,
-        payload: &serde_json::Value,
-    ) -> Result<Self, serde_json::Error> {
+    /// Decodes a stored event from its type name and payload (the variant's fields, as JSON
+    /// text).
+    pub fn decode(event_type: &str, payload: &str) -> Result<Self, serde_json::Error> {
         use serde::de::Error as _;
         let known = [
             event_types::ACQUIRED,
@@ -117,7 +115,7 @@ impl LeaseEvent {
                 "unknown lease event type \"{event_type}\""
             )));
         }
-        let event = match serde_json::from_value::<Self>(payload.clone())? {
+        let event = match serde_json::from_str::<Self>(payload)? {
             Self::Released { holder, token } if event_type == event_types::EXPIRED => {
                 Self::Expired { holder, token }
             }

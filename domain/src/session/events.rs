@@ -174,16 +174,14 @@ struct Resolution {
     source: String,
 }
 
-fn read<T: DeserializeOwned>(payload: &serde_json::Value) -> Result<T, serde_json::Error> {
-    T::deserialize(payload)
+fn read<T: DeserializeOwned>(payload: &str) -> Result<T, serde_json::Error> {
+    serde_json::from_str(payload)
 }
 
 impl ManagedFilterEvent {
-    /// Decodes a stored event from its type name and payload (the variant's fields).
-    pub fn decode(
-        event_type: &str,
-        payload: &serde_json::Value,
-    ) -> Result<Self, serde_json::Error> {
+    /// Decodes a stored event from its type name and payload (the variant's fields, as JSON
+    /// text).
+    pub fn decode(event_type: &str, payload: &str) -> Result<Self, serde_json::Error> {
         use serde::de::Error as _;
         Ok(match event_type {
             event_types::BASELINE_SEEDED => {

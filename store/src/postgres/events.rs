@@ -7,7 +7,7 @@ use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::error::StoreError;
-use crate::event::{EventQuery, EventRef, NewEvent, RecordedEvent};
+use crate::event::{EventQuery, EventRef, NewEvent, Payload, RecordedEvent};
 use crate::projector::{CteStatement, PgProjector};
 use crate::rebuild::RawRow;
 
@@ -109,7 +109,7 @@ pub(super) fn insert_ctes<'p>(
         statement.bind(pending.sequence)?,
         statement.bind(event.event_type.as_str())?,
         statement.bind(event.event_version.as_str())?,
-        json_text(statement, &event.payload)?,
+        format!("{}::json", statement.bind(event.payload.get().to_owned())?),
         json_text(statement, &event.metadata)?,
     ];
     statement.cte(
@@ -333,6 +333,11 @@ fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {
             .map(|j| j.0)
             .map_err(|e| StoreError::decode(position, e))
     };
+    // The body stays text: checked as JSON, not built into a tree.
+    let payload = row
+        .try_get::<sqlx::types::Json<Box<serde_json::value::RawValue>>, _>("payload")
+        .map(|j| Payload::from(j.0))
+        .map_err(|e| StoreError::decode(position, e))?;
     Ok(RecordedEvent {
         position,
         aggregate_type: row.try_get("aggregate_type")?,
@@ -340,7 +345,7 @@ fn decode_event(row: &PgRow) -> Result<RecordedEvent, StoreError> {
         sequence: row.try_get("sequence")?,
         event_type: row.try_get("event_type")?,
         event_version: row.try_get("event_version")?,
-        payload: json("payload")?,
+        payload,
         metadata: json("metadata")?,
         recorded_at: row.try_get("recorded_at")?,
     })

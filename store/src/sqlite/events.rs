@@ -7,7 +7,7 @@ use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::event::{from_micros, EventQuery, NewEvent, RecordedEvent};
+use crate::event::{from_micros, EventQuery, NewEvent, Payload, RecordedEvent};
 use crate::projector::SqliteProjector;
 use crate::rebuild::RawRow;
 
@@ -39,7 +39,7 @@ pub fn append_in_tx(
             sequence,
             event.event_type,
             event.event_version,
-            event.payload.to_string(),
+            event.payload.get(),
             event.metadata.to_string(),
             now.timestamp_micros(),
         ]);
@@ -213,7 +213,8 @@ impl RawEvent {
             serde_json::from_str(text).map_err(|e| StoreError::decode(self.position, e))
         };
         Ok(RecordedEvent {
-            payload: parse(&self.payload)?,
+            payload: Payload::from_text(self.payload)
+                .map_err(|e| StoreError::decode(self.position, e))?,
             metadata: parse(&self.metadata)?,
             position: self.position,
             aggregate_type: self.aggregate_type,

@@ -245,7 +245,7 @@ impl LeaseLedger {
 /// Folds stored lease events onto `state`.
 fn apply_recorded(state: &mut Lease, events: &[RecordedEvent]) -> Result<(), StoreError> {
     for event in events {
-        let decoded = LeaseEvent::decode(&event.event_type, &event.payload)
+        let decoded = LeaseEvent::decode(&event.event_type, event.payload.get())
             .map_err(|e| StoreError::decode(event.position, e))?;
         state.apply(decoded);
     }

@@ -276,7 +276,7 @@ fn decision(
 /// Folds stored events into the session's state.
 fn fold(state: &mut ManagedSession, events: &[RecordedEvent]) -> Result<(), StoreError> {
     for event in events {
-        let decoded = ManagedFilterEvent::decode(&event.event_type, &event.payload)
+        let decoded = ManagedFilterEvent::decode(&event.event_type, event.payload.get())
             .map_err(|e| StoreError::decode(event.position, e))?;
         state.apply(decoded);
     }
