@@ -4,15 +4,18 @@
 //! declared group has one; the bulk load writes events only), a `topic` row per topic with
 //! three messages, and per group three deliveries of them, one claimable, one in flight
 //! (claimed) and one backing off, so a listing's queue figures count real rows: without them
-//! the figures' statement found no group and did none of its work.
+//! the figures' statement found no group and did none of its work. `WHARF_BENCH_QUEUE_ROWS=0`
+//! leaves the queue rows out, as the bench was before (to compare with its older figures).
 
 use wharf::store::Store;
 
 /// Inserts the fleet's instances and queue state.
 pub async fn insert_state(store: &Store) {
+    let queue_rows = std::env::var("WHARF_BENCH_QUEUE_ROWS").map_or(true, |v| v != "0");
+    let count = if queue_rows { PG_STATE.len() } else { 1 };
     match store {
         Store::Postgres(s) => {
-            for statement in PG_STATE {
+            for statement in &PG_STATE[..count] {
                 sqlx::query(statement)
                     .execute(s.pool())
                     .await
@@ -20,8 +23,8 @@ pub async fn insert_state(store: &Store) {
             }
         }
         Store::Sqlite(s) => s
-            .write(|ctx| {
-                for statement in SQLITE_STATE {
+            .write(move |ctx| {
+                for statement in &SQLITE_STATE[..count] {
                     ctx.tx.execute(statement, [ctx.now.timestamp_micros()])?;
                 }
                 Ok(())
