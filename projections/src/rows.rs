@@ -3,9 +3,10 @@
 //! Every statement here is keyed: a group page walks `effective_declaration` by name (or by
 //! `(topic, group_name)`), waiters come from the partial index of waiting attempts
 //! `(group_name, declared_at, declarer)`, instances from `worker_instance`'s key. The SQL
-//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they run as
-//! unnamed statements, planned on every call with the values given: a plan cached while a
-//! table was empty never serves them (see `docs/adr/0024-paged-listing.md`).
+//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they are
+//! planned on every call with the values given, so a plan cached while a table was empty never
+//! serves them (see `docs/adr/0024-paged-listing.md`): the one-group read inside
+//! `wharf_group_view` (ADR 0045), the others as unnamed statements.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection};

@@ -3,8 +3,9 @@
 //! instances it has, live and all; the lists themselves are the one-group read's (`ReadModel::group_members`).
 //!
 //! A page is one read: on Postgres one statement that also answers the catch-up check (the
-//! log's head and the checkpoint of the catch-up projector) and the store's clock; on SQLite
-//! one read transaction with the check in it. A read that finds the projector behind is
+//! log's head and the checkpoint of the catch-up projector) and the store's clock, run by
+//! `wharf_group_summaries` (ADR 0045); on SQLite one read transaction with the check and one
+//! statement for the page and its summaries. A read that finds the projector behind is
 //! discarded, the projector catches up, and the page is read again, so a caller still reads
 //! its own writes (ADR 0003) without a round trip of its own for the check.
 //!
