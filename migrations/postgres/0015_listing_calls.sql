@@ -1,4 +1,4 @@
--- Listing reads as cached calls (ADR 0045): a page of group summaries, one group's view and
+-- Listing reads as cached calls (ADR 0046): a page of group summaries, one group's view and
 -- the queue figures of a page are each one call of a function, through a statement each
 -- connection prepares once: one round trip, no parse. Each function holds the statement (or,
 -- for a page, the four forms of it) the code sent unnamed before, unchanged, and plans it on

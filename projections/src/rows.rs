@@ -6,7 +6,7 @@
 //! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they are
 //! planned on every call with the values given, so a plan cached while a table was empty never
 //! serves them (see `docs/adr/0024-paged-listing.md`): the one-group read inside
-//! `wharf_group_view` (ADR 0045), the others as unnamed statements.
+//! `wharf_group_view` (ADR 0046), the others as unnamed statements.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection};
@@ -506,7 +506,7 @@ pub(crate) async fn pg_group_snapshot(
         .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
         .unwrap_or((None, None));
     // The call is a statement each connection prepares once; the function plans
-    // [`PG_GROUP`] on every call with its values (ADR 0045).
+    // [`PG_GROUP`] on every call with its values (ADR 0046).
     let row = sqlx::query(PG_GROUP_CALL)
         .bind(&group)
         .bind(after_at)

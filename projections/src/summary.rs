@@ -4,7 +4,7 @@
 //!
 //! A page is one read: on Postgres one statement that also answers the catch-up check (the
 //! log's head and the checkpoint of the catch-up projector) and the store's clock, run by
-//! `wharf_group_summaries` (ADR 0045); on SQLite one read transaction with the check and one
+//! `wharf_group_summaries` (ADR 0046); on SQLite one read transaction with the check and one
 //! statement for the page and its summaries. A read that finds the projector behind is
 //! discarded, the projector catches up, and the page is read again, so a caller still reads
 //! its own writes (ADR 0003) without a round trip of its own for the check.
@@ -157,7 +157,7 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// row count, `$3` the topic (unused without a filter), `$4` whether only waiting groups are
 /// listed (unused here: it picks the form), `$5` the catch-up projector's name and `$6` the
 /// instance TTL in microseconds: the arguments of `wharf_group_summaries` (Postgres migration
-/// 0015, ADR 0045), which runs these four statements, planned on every call.
+/// 0015, ADR 0046), which runs these four statements, planned on every call.
 ///
 /// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or the skip
 /// scan of waiting groups), joined to one row of the clock and the catch-up check, so an
@@ -216,7 +216,7 @@ const SQLITE_SUMMARY_JOINS: &str = " LEFT JOIN declarer_attempt o \
        FROM declarer_attempt a WHERE a.group_name = e.group_name AND a.status = 'waiting' \
        AND a.patterns <> e.patterns ORDER BY a.declared_at, a.declarer LIMIT 1)";
 
-/// The summary page on SQLite as one statement (ADR 0045): [`page_sql_with`]'s walk with each
+/// The summary page on SQLite as one statement (ADR 0046): [`page_sql_with`]'s walk with each
 /// group's summary as columns of its row. `?1` the group name to start after, `?2` the row
 /// count, `?3` the topic (NULL and unused without a filter), `?4` the heartbeat time after
 /// which an instance is live (microseconds).
@@ -242,7 +242,7 @@ pub(crate) async fn pg_summaries(
     ttl_micros: i64,
 ) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
     // A statement each connection prepares once: the call. The function plans the page's
-    // statement on every call with its values (ADR 0045).
+    // statement on every call with its values (ADR 0046).
     let rows = sqlx::query(PG_SUMMARIES_CALL)
         .bind(&page.after)
         .bind(page.fetch)

@@ -28,7 +28,7 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
 
 /// What a statement adds to each row of a page: select-list entries (each starting with a
 /// comma) and joins, both over `e`, the page's effective row. SQLite's summary page is the
-/// page with its summaries as such columns (ADR 0045).
+/// page with its summaries as such columns (ADR 0046).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PageExtra<'a> {
     /// Appended to the select list, e.g. `, (SELECT COUNT(*) ...)`.

@@ -1,4 +1,4 @@
-//! The Postgres listing reads as cached calls (ADR 0045): `wharf_group_summaries`,
+//! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
 //! `wharf_group_view` and `wharf_group_figures` (Postgres migration 0015).
 //!
 //! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the

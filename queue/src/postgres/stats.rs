@@ -72,7 +72,7 @@ pub(crate) async fn group_stats(
 }
 
 /// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
-/// `wharf_group_figures` (Postgres migration 0015, ADR 0045) runs, planned on every call with
+/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned on every call with
 /// JIT compilation and bitmap scans off. Each group's queue rows are read by key: its
 /// deliveries once for the three counts (`FILTER`s of one aggregate), the first of them by
 /// position for the oldest unacked message, its dead letters and set-aside rows counted.

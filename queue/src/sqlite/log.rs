@@ -209,7 +209,7 @@ pub(crate) async fn group_stats(
     }
 }
 
-/// Queue figures of the groups named, by name, in one statement (a listing page's: ADR 0045;
+/// Queue figures of the groups named, by name, in one statement (a listing page's: ADR 0046;
 /// each group's rows by key; a group without a queue row is left out). The names go in as one
 /// JSON array.
 pub(crate) async fn group_stats_of(
