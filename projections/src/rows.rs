@@ -3,9 +3,10 @@
 //! Every statement here is keyed: a group page walks `effective_declaration` by name (or by
 //! `(topic, group_name)`), waiters come from the partial index of waiting attempts
 //! `(group_name, declared_at, declarer)`, instances from `worker_instance`'s key. The SQL
-//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they run as
-//! unnamed statements, planned on every call with the values given: a plan cached while a
-//! table was empty never serves them (see `docs/adr/0024-paged-listing.md`).
+//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they are
+//! planned on every call with the values given, so a plan cached while a table was empty never
+//! serves them (see `docs/adr/0024-paged-listing.md`): the one-group read inside
+//! `wharf_group_view` (ADR 0046), the others as unnamed statements.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection};
@@ -80,7 +81,8 @@ pub const PG_INSTANCES: &str = "SELECT g.name, i.declarer, i.topic, i.version, i
 // SQLite
 // ---------------------------------------------------------------------------------------------
 
-fn sqlite_effective_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEffective> {
+/// The effective row from a SQLite page's first ten columns.
+pub(crate) fn sqlite_effective_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEffective> {
     Ok(RawEffective {
         names: (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?),
         sets: (r.get(4)?, r.get(5)?),
@@ -89,7 +91,8 @@ fn sqlite_effective_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawEffective>
     })
 }
 
-struct RawEffective {
+/// An effective row as SQLite stores it, before its lists and times are decoded.
+pub(crate) struct RawEffective {
     names: (String, String, String, String),
     sets: (String, Option<String>),
     times: (i64, i64),
@@ -97,7 +100,7 @@ struct RawEffective {
 }
 
 impl RawEffective {
-    fn decode(self) -> Result<EffectiveRow, StoreError> {
+    pub(crate) fn decode(self) -> Result<EffectiveRow, StoreError> {
         let (group, topic, declarer, version) = self.names;
         Ok(EffectiveRow {
             group,
@@ -175,22 +178,6 @@ fn sqlite_members(
         }
     }
     Ok((waiting, instances))
-}
-
-/// The effective rows `sql` (a [`page_sql`] text) answers for `page`.
-pub(crate) fn sqlite_effective(
-    conn: &Connection,
-    sql: &str,
-    page: &PageKeys,
-) -> Result<Vec<EffectiveRow>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let rows = match &page.topic {
-        Some(topic) => {
-            stmt.query_map(params![page.after, page.fetch, topic], sqlite_effective_row)?
-        }
-        None => stmt.query_map(params![page.after, page.fetch], sqlite_effective_row)?,
-    };
-    rows.map(|row| row?.decode()).collect()
 }
 
 /// A page of groups with the first page of each one's members, in one read snapshot.
@@ -452,6 +439,10 @@ pub const PG_GROUP: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
           ORDER BY w.declarer LIMIT $4) i) \
      FROM meta m LEFT JOIN effective_declaration e ON e.group_name = $1";
 
+/// The call that reads one group on Postgres: `wharf_group_view` (Postgres migration 0015)
+/// runs [`PG_GROUP`] with its arguments.
+pub const PG_GROUP_CALL: &str = "SELECT * FROM wharf_group_view($1, $2, $3, $4, $5, $6)";
+
 /// A waiter as [`PG_GROUP`]'s JSON carries it.
 #[derive(serde::Deserialize)]
 struct JsonWaiter {
@@ -514,14 +505,15 @@ pub(crate) async fn pg_group_snapshot(
         .clone()
         .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
         .unwrap_or((None, None));
-    let row = sqlx::query(PG_GROUP)
+    // The call is a statement each connection prepares once; the function plans
+    // [`PG_GROUP`] on every call with its values (ADR 0046).
+    let row = sqlx::query(PG_GROUP_CALL)
         .bind(&group)
         .bind(after_at)
         .bind(after_declarer)
         .bind(keys.fetch)
         .bind(&keys.instances_after)
         .bind(crate::declaration::DeclarerAttempts::NAME)
-        .persistent(false)
         .fetch_one(store.pool())
         .await?;
     let now: DateTime<Utc> = row.try_get(0)?;

@@ -3,8 +3,9 @@
 //! instances it has, live and all; the lists themselves are the one-group read's (`ReadModel::group_members`).
 //!
 //! A page is one read: on Postgres one statement that also answers the catch-up check (the
-//! log's head and the checkpoint of the catch-up projector) and the store's clock; on SQLite
-//! one read transaction with the check in it. A read that finds the projector behind is
+//! log's head and the checkpoint of the catch-up projector) and the store's clock, run by
+//! `wharf_group_summaries` (ADR 0046); on SQLite one read transaction with the check and one
+//! statement for the page and its summaries. A read that finds the projector behind is
 //! discarded, the projector catches up, and the page is read again, so a caller still reads
 //! its own writes (ADR 0003) without a round trip of its own for the check.
 //!
@@ -20,8 +21,9 @@ use wharf_store::event::from_micros;
 use wharf_store::{PgStore, SqliteStore, StoreError};
 
 use crate::declaration::DeclarerAttempts;
-use crate::rows::{page_sql, PageKeys};
+use crate::rows::{page_sql, sqlite_effective_row, PageKeys, RawEffective};
 use crate::views::{EffectiveView, WaiterView};
+use crate::walks::{page_sql_with, PageExtra};
 
 /// How far a summary counts a group's waiters and instances: beyond it, `more` is true.
 pub const COUNT_CAP: u32 = 100;
@@ -152,8 +154,10 @@ pub(crate) fn page(read: Snapshot<Vec<SummaryRow>>, limit: u32) -> SummaryPage {
 const FETCH_CAP: u32 = COUNT_CAP + 1;
 
 /// The summary page on Postgres, one statement: `$1` the group name to start after, `$2` the
-/// row count, `$3` the topic when filtered, then the catch-up projector's name and the
-/// instance TTL in microseconds.
+/// row count, `$3` the topic (unused without a filter), `$4` whether only waiting groups are
+/// listed (unused here: it picks the form), `$5` the catch-up projector's name and `$6` the
+/// instance TTL in microseconds: the arguments of `wharf_group_summaries` (Postgres migration
+/// 0015, ADR 0046), which runs these four statements, planned on every call.
 ///
 /// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or the skip
 /// scan of waiting groups), joined to one row of the clock and the catch-up check, so an
@@ -167,7 +171,7 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// the planner reads them through a bitmap either way).
 pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
     let page = page_sql('$', topic, waiting);
-    let (projector, ttl) = if topic { ("$4", "$5") } else { ("$3", "$4") };
+    let (projector, ttl) = ("$5", "$6");
     format!(
         "WITH meta AS (SELECT clock_timestamp() AS now, \
            COALESCE((SELECT MAX(position) FROM events), 0) AS head, \
@@ -193,14 +197,43 @@ pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
     )
 }
 
-/// A group's open waiters, counted up to the cap: `?1` the group.
-pub const SQLITE_COUNT_WAITERS: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM declarer_attempt a \
-     WHERE a.group_name = ?1 AND a.status = 'waiting' AND a.patterns <> \
-       (SELECT e.patterns FROM effective_declaration e WHERE e.group_name = ?1) LIMIT 101)";
+/// The summaries SQLite's page adds to each of its rows (`e`), as columns 10 to 18: the open
+/// waiters counted up to the cap (a walk of the partial waiting index that stops one past
+/// it), the oldest open waiter's columns (looked up by its key, found as the first entry of
+/// that walk; NULL when none), the instances, and those with a heartbeat after `?4`
+/// (microseconds). Each is a keyed search per row of the page: no statement per group.
+const SQLITE_SUMMARY_COLUMNS: &str = ", (SELECT COUNT(*) FROM (SELECT 1 FROM declarer_attempt a \
+       WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+       AND a.patterns <> e.patterns ORDER BY a.declared_at, a.declarer LIMIT 101)), \
+     o.declarer, o.version, o.patterns, o.incumbent, o.declared_at, o.attempt_at, \
+     (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name), \
+     (SELECT COUNT(*) FROM worker_instance i WHERE i.group_name = e.group_name \
+       AND i.heartbeat_at > ?4)";
 
-/// A group's instances and those with a heartbeat after `?2` (microseconds): `?1` the group.
-pub const SQLITE_COUNT_INSTANCES: &str = "SELECT COUNT(*), COALESCE(SUM(heartbeat_at > ?2), 0) \
-     FROM worker_instance WHERE group_name = ?1";
+/// The oldest open waiter's row, by its primary key.
+const SQLITE_SUMMARY_JOINS: &str = " LEFT JOIN declarer_attempt o \
+     ON o.group_name = e.group_name AND o.declarer = (SELECT a.declarer \
+       FROM declarer_attempt a WHERE a.group_name = e.group_name AND a.status = 'waiting' \
+       AND a.patterns <> e.patterns ORDER BY a.declared_at, a.declarer LIMIT 1)";
+
+/// The summary page on SQLite as one statement (ADR 0046): [`page_sql_with`]'s walk with each
+/// group's summary as columns of its row. `?1` the group name to start after, `?2` the row
+/// count, `?3` the topic (NULL and unused without a filter), `?4` the heartbeat time after
+/// which an instance is live (microseconds).
+pub fn sqlite_summary_sql(topic: bool, waiting: bool) -> String {
+    page_sql_with(
+        '?',
+        topic,
+        waiting,
+        &PageExtra {
+            columns: SQLITE_SUMMARY_COLUMNS,
+            joins: SQLITE_SUMMARY_JOINS,
+        },
+    )
+}
+
+/// The call that reads a summary page on Postgres (the arguments of [`pg_summary_sql`]).
+pub const PG_SUMMARIES_CALL: &str = "SELECT * FROM wharf_group_summaries($1, $2, $3, $4, $5, $6)";
 
 /// The summary page on Postgres; `ttl_micros` decides which instances count as live.
 pub(crate) async fn pg_summaries(
@@ -208,15 +241,15 @@ pub(crate) async fn pg_summaries(
     page: &PageKeys,
     ttl_micros: i64,
 ) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
-    let sql = pg_summary_sql(page.topic.is_some(), page.waiting);
-    let mut query = sqlx::query(&sql).bind(&page.after).bind(page.fetch);
-    if let Some(topic) = &page.topic {
-        query = query.bind(topic);
-    }
-    let rows = query
+    // A statement each connection prepares once: the call. The function plans the page's
+    // statement on every call with its values (ADR 0046).
+    let rows = sqlx::query(PG_SUMMARIES_CALL)
+        .bind(&page.after)
+        .bind(page.fetch)
+        .bind(&page.topic)
+        .bind(page.waiting)
         .bind(DeclarerAttempts::NAME)
         .bind(ttl_micros)
-        .persistent(false)
         .fetch_all(store.pool())
         .await?;
     let first = rows
@@ -286,60 +319,88 @@ pub(crate) async fn sqlite_summaries(
         .read(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
             let behind = sqlite_behind(&tx)?;
-            let sql = page_sql('?', page.topic.is_some(), page.waiting);
-            let effective = crate::rows::sqlite_effective(&tx, &sql, &page)?;
-            let mut oldest = tx.prepare_cached(crate::rows::SQLITE_WAITERS)?;
-            let mut count_waiters = tx.prepare_cached(SQLITE_COUNT_WAITERS)?;
-            let mut count_instances = tx.prepare_cached(SQLITE_COUNT_INSTANCES)?;
-            let mut rows = Vec::with_capacity(effective.len());
-            for e in effective {
-                let first = oldest
-                    .query_map(params![e.group, i64::MIN, "", 1], |r| {
-                        Ok((
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            (r.get::<_, String>(3)?, r.get::<_, Option<String>>(4)?),
-                            (r.get::<_, i64>(5)?, r.get::<_, i64>(6)?),
-                        ))
-                    })?
-                    .next()
-                    .transpose()?;
-                let oldest = match first {
-                    Some((declarer, version, (patterns, incumbent), (declared, attempt))) => {
-                        Some(crate::views::WaitingRow {
-                            group: e.group.clone(),
-                            declarer,
-                            version,
-                            patterns: parse_list(&patterns)?,
-                            incumbent: incumbent
-                                .as_deref()
-                                .map(parse_list)
-                                .transpose()?
-                                .unwrap_or_default(),
-                            declared_at: from_micros(declared),
-                            attempt_at: from_micros(attempt),
-                        })
-                    }
-                    None => None,
-                };
-                let waiters = count_waiters.query_row([&e.group], |r| r.get::<_, i64>(0))?;
-                let (instances, live) = count_instances
-                    .query_row(params![e.group, live_after], |r| {
-                        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-                    })?;
-                rows.push(SummaryRow {
-                    effective: e,
-                    waiters,
-                    oldest,
-                    instances,
-                    live,
-                });
-            }
-            drop((oldest, count_waiters, count_instances));
+            let raw = {
+                let mut stmt =
+                    tx.prepare_cached(&sqlite_summary_sql(page.topic.is_some(), page.waiting))?;
+                let rows = stmt.query_map(
+                    params![page.after, page.fetch, page.topic, live_after],
+                    sqlite_summary_row,
+                )?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
             tx.commit()?;
+            let rows = raw
+                .into_iter()
+                .map(RawSummary::decode)
+                .collect::<Result<_, _>>()?;
             Ok(Snapshot { rows, now, behind })
         })
         .await
+}
+
+/// The oldest waiter's columns as SQLite stores them: declarer, version, patterns and
+/// incumbent (JSON text), first statement and newest attempt (microseconds).
+type RawWaiter = (String, String, String, Option<String>, i64, i64);
+
+/// A summary row as SQLite answers it, before its lists and times are decoded.
+struct RawSummary {
+    effective: RawEffective,
+    waiters: i64,
+    oldest: Option<RawWaiter>,
+    instances: i64,
+    live: i64,
+}
+
+fn sqlite_summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawSummary> {
+    let oldest = match r.get::<_, Option<String>>(11)? {
+        Some(declarer) => Some((
+            declarer,
+            r.get(12)?,
+            r.get(13)?,
+            r.get(14)?,
+            r.get(15)?,
+            r.get(16)?,
+        )),
+        None => None,
+    };
+    Ok(RawSummary {
+        effective: sqlite_effective_row(r)?,
+        waiters: r.get(10)?,
+        oldest,
+        instances: r.get(17)?,
+        live: r.get(18)?,
+    })
+}
+
+impl RawSummary {
+    fn decode(self) -> Result<SummaryRow, StoreError> {
+        let effective = self.effective.decode()?;
+        let oldest = match self.oldest {
+            Some((declarer, version, patterns, incumbent, declared, attempt)) => {
+                Some(crate::views::WaitingRow {
+                    group: effective.group.clone(),
+                    declarer,
+                    version,
+                    patterns: parse_list(&patterns)?,
+                    incumbent: incumbent
+                        .as_deref()
+                        .map(parse_list)
+                        .transpose()?
+                        .unwrap_or_default(),
+                    declared_at: from_micros(declared),
+                    attempt_at: from_micros(attempt),
+                })
+            }
+            None => None,
+        };
+        Ok(SummaryRow {
+            effective,
+            waiters: self.waiters,
+            oldest,
+            instances: self.instances,
+            live: self.live,
+        })
+    }
 }
 
 #[cfg(test)]
@@ -375,21 +436,21 @@ mod tests {
     fn every_waiter_count_stops_one_past_the_cap() {
         let cap = format!("LIMIT {FETCH_CAP})");
         assert!(
-            SQLITE_COUNT_WAITERS.contains(&cap),
-            "{SQLITE_COUNT_WAITERS}"
+            SQLITE_SUMMARY_COLUMNS.contains(&cap),
+            "{SQLITE_SUMMARY_COLUMNS}"
         );
         assert!(pg_summary_sql(false, false).contains(&format!("LIMIT {FETCH_CAP}) w")));
     }
 
     #[test]
-    fn the_postgres_statement_numbers_its_parameters_without_gaps() {
+    fn the_postgres_statement_numbers_its_parameters_as_the_function_does() {
         for (topic, waiting) in [(false, false), (true, false), (false, true), (true, true)] {
             let sql = pg_summary_sql(topic, waiting);
-            let last = if topic { 5 } else { 4 };
-            for n in 1..=last {
+            for n in [1, 2, 5, 6] {
                 assert!(sql.contains(&format!("${n}")), "${n} missing: {sql}");
             }
-            assert!(!sql.contains(&format!("${}", last + 1)), "{sql}");
+            assert_eq!(sql.contains("$3"), topic, "{sql}");
+            assert!(!sql.contains("$4") && !sql.contains("$7"), "{sql}");
         }
     }
 }

@@ -23,6 +23,23 @@ pub(crate) const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e
 /// SQLite's former statement, passed ten groups per waiting one in the `listing` bench's
 /// fleet: 28 ms p99 at 10k groups).
 pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
+    page_sql_with(p, topic, waiting, &PageExtra::default())
+}
+
+/// What a statement adds to each row of a page: select-list entries (each starting with a
+/// comma) and joins, both over `e`, the page's effective row. SQLite's summary page is the
+/// page with its summaries as such columns (ADR 0046).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageExtra<'a> {
+    /// Appended to the select list, e.g. `, (SELECT COUNT(*) ...)`.
+    pub columns: &'a str,
+    /// Appended after the page's `FROM effective_declaration e` (or its subquery `e`).
+    pub joins: &'a str,
+}
+
+/// [`page_sql`] with `extra`'s columns and joins on each of the page's rows.
+pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>) -> String {
+    let PageExtra { columns, joins } = *extra;
     let topic = if topic {
         format!(" AND e.topic = {p}3")
     } else {
@@ -36,7 +53,7 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         let topic = topic.replace("e.topic", "g.topic");
         let (first, step) = (next_waiting(&format!("{p}1")), next_waiting("w.name"));
         return format!(
-            "SELECT {EFFECTIVE_COLUMNS} FROM ( \
+            "SELECT {EFFECTIVE_COLUMNS}{columns} FROM ( \
                WITH RECURSIVE waiting(name) AS ( \
                  {first} UNION ALL SELECT {step} \
                  FROM waiting w WHERE w.name IS NOT NULL) \
@@ -46,7 +63,7 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
                    AND a.status = 'waiting' AND a.patterns <> g.patterns \
                    ORDER BY a.declared_at, a.declarer LIMIT 1) open \
                  WHERE g.group_name = w.name{topic} LIMIT 1) g \
-               LIMIT {p}2) e \
+               LIMIT {p}2) e{joins} \
              ORDER BY e.group_name"
         );
     }
@@ -64,7 +81,8 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
             next_waiting("waiting_group.name"),
         );
         return format!(
-            "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name IN ( \
+            "SELECT {EFFECTIVE_COLUMNS}{columns} FROM effective_declaration e{joins} \
+             WHERE e.group_name IN ( \
                WITH RECURSIVE waiting_group(name) AS NOT MATERIALIZED ( \
                  SELECT {first} UNION ALL SELECT {step} \
                  FROM waiting_group WHERE waiting_group.name IS NOT NULL) \
@@ -78,8 +96,8 @@ pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
         );
     }
     format!(
-        "SELECT {EFFECTIVE_COLUMNS} FROM effective_declaration e WHERE e.group_name > {p}1\
-         {topic} ORDER BY e.group_name LIMIT {p}2"
+        "SELECT {EFFECTIVE_COLUMNS}{columns} FROM effective_declaration e{joins} \
+         WHERE e.group_name > {p}1{topic} ORDER BY e.group_name LIMIT {p}2"
     )
 }
 

@@ -50,6 +50,14 @@ pub struct Queue {
 pub mod plans {
     /// A routing step's read of the log on Postgres (`$1` topic, positions `$2..=$3`).
     pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
+    /// A listing's queue figures on Postgres, what `wharf_group_figures` runs (`$1` the groups).
+    pub const GROUP_FIGURES: &str = crate::postgres::GROUP_FIGURES_SQL;
+
+    /// A listing's queue figures on SQLite, one statement (`?1` the groups as a JSON array,
+    /// `?2` the store's clock in microseconds).
+    pub fn sqlite_group_figures() -> String {
+        crate::sqlite::group_stats_sql(crate::sqlite::GROUPS_NAMED)
+    }
 }
 
 /// How many routing steps one `fetch` may take before it claims anyway, so a long unmatched

@@ -55,6 +55,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(12, "postgres", "0012_group_snapshot.sql"),
     migration!(13, "postgres", "0013_claim_function.sql"),
     migration!(14, "postgres", "0014_event_payload_lz4.sql"),
+    migration!(15, "postgres", "0015_listing_calls.sql"),
 ];
 
 /// The schema version this build needs.

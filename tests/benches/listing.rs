@@ -7,10 +7,12 @@
 //! of 1M events (`wharf_tests::fleet`: every event what `decide` returns; groups over ten
 //! topics, every tenth with two open waiters; three groups with long ledgers of their own, 1k,
 //! 10k and 100k events, each event a new declarer's wait, so 1k to 100k open waiters),
-//! bulk-loaded, and the projections are built by the library (`ReadModel::rebuild`). Worker
-//! instances are state, not events: two rows per group and 1,000 per long group, inserted
-//! directly. Nothing is analyzed (autovacuum is off on this machine): the store is as a
-//! rebuild leaves it.
+//! bulk-loaded, and the projections are built by the library (`ReadModel::rebuild`). State
+//! that is not events is inserted directly (`listing/state.rs`): two worker instances per
+//! group and 1,000 per long group, and each group's queue rows (its `consumer_group` row,
+//! three deliveries). Nothing is analyzed (autovacuum is off on this machine): the store is as
+//! a rebuild leaves it. With `WHARF_BENCH_KEEP=1` a Postgres store is kept after its run (its
+//! schema is printed) for `EXPLAIN` by hand; drop it when done.
 //!
 //! The real API (`wharf_api::serve` on a loopback port 0) answers each case; each case is
 //! `WHARF_BENCH_REQUESTS` requests (default 2,000) over `WHARF_BENCH_CONNECTIONS` keep-alive
@@ -34,6 +36,8 @@ mod baseline;
 mod plans;
 #[path = "listing/profile.rs"]
 mod profile;
+#[path = "listing/state.rs"]
+mod state;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,39 +80,6 @@ fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
-}
-
-/// Worker instances (heartbeat rows, not events): two per fleet group, 1,000 per long group.
-async fn insert_instances(store: &Store) {
-    match store {
-        Store::Postgres(s) => {
-            sqlx::query(
-                "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                 started_at, heartbeat_at) SELECT e.group_name, 'i-' || lpad(j::text, 4, '0'), \
-                 e.topic, '1.0.0', e.patterns, now(), now() FROM effective_declaration e \
-                 CROSS JOIN LATERAL generate_series(1, CASE WHEN e.group_name LIKE 'long-%' \
-                 THEN 1000 ELSE 2 END) j",
-            )
-            .execute(s.pool())
-            .await
-            .expect("instances");
-        }
-        Store::Sqlite(s) => s
-            .write(|ctx| {
-                ctx.tx.execute(
-                    "WITH RECURSIVE n(j) AS (SELECT 1 UNION ALL SELECT j + 1 FROM n \
-                     WHERE j < 1000) INSERT INTO worker_instance (group_name, declarer, topic, \
-                     version, patterns, started_at, heartbeat_at) SELECT e.group_name, \
-                     printf('i-%04d', n.j), e.topic, '1.0.0', e.patterns, ?1, ?1 \
-                     FROM effective_declaration e JOIN n ON n.j <= CASE WHEN e.group_name \
-                     LIKE 'long-%' THEN 1000 ELSE 2 END",
-                    [ctx.now.timestamp_micros()],
-                )?;
-                Ok(())
-            })
-            .await
-            .expect("instances"),
-    }
 }
 
 /// Latencies of one side of a case, in milliseconds, and the bytes of the last answer.
@@ -563,7 +534,7 @@ async fn main() {
             append_bulk(&test.store, fleet_ledger(groups.clone())).await;
             let loaded = start.elapsed().as_secs_f64();
             let rebuilt = rebuild(&test).await;
-            insert_instances(&test.store).await;
+            state::insert_state(&test.store).await;
             let server = Server::start(test.store.clone()).await;
             let (pages, walked) = walk(&server, &groups).await;
             println!();
@@ -599,6 +570,11 @@ async fn main() {
                     .max_by_key(|g| g.events)
                     .map_or(middle.clone(), |g| g.name.clone());
                 plans::explain_all(pg, &middle, &longest, &groups[0].name).await;
+            }
+            if std::env::var("WHARF_BENCH_KEEP").is_ok_and(|v| v == "1") {
+                if let Some(schema) = test.keep() {
+                    println!("(kept: schema {schema})");
+                }
             }
         }
     }

@@ -128,6 +128,12 @@ impl TestStore {
     pub fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
+
+    /// Leaves a Postgres store's schema in place when this is dropped (for a look by hand
+    /// after a bench); returns its name. A SQLite file is removed as before.
+    pub fn keep(mut self) -> Option<String> {
+        self.schema.take()
+    }
 }
 
 impl Drop for TestStore {

@@ -20,7 +20,7 @@ use wharf::store::Store;
 use wharf_projections::rows::{
     one_sql, page_sql, PG_GROUP, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES, SQLITE_WAITERS,
 };
-use wharf_projections::summary::{pg_summary_sql, SQLITE_COUNT_INSTANCES, SQLITE_COUNT_WAITERS};
+use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
 
 const WATCHED: [&str; 4] = [
@@ -228,26 +228,24 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     for (topic, waiting) in [(false, false), (false, true), (true, false), (true, true)] {
         let what = format!("summary page topic={topic} waiting={waiting}");
         let sql = pg_summary_sql(topic, waiting);
-        let found = if topic {
+        let topic = topic.then_some("t7");
+        scanned.extend(
             explain(
                 &mut conn,
                 &what,
                 &sql,
                 SUMMARY_PAGE,
-                args!["g005000", 101_i64, "t7", "declarer_attempts", TTL_MICROS],
+                args![
+                    "g005000",
+                    101_i64,
+                    topic,
+                    waiting,
+                    "declarer_attempts",
+                    TTL_MICROS
+                ],
             )
-            .await
-        } else {
-            explain(
-                &mut conn,
-                &what,
-                &sql,
-                SUMMARY_PAGE,
-                args!["g005000", 101_i64, "declarer_attempts", TTL_MICROS],
-            )
-            .await
-        };
-        scanned.extend(found);
+            .await,
+        );
     }
     // A summary reads at most the cap of a group's waiters, under either plan: no node reads
     // the whole list, which a bitmap under a count would (its buffers alone do not show it:
@@ -258,7 +256,14 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
         let most = max_node_rows(
             &mut conn,
             &pg_summary_sql(false, waiting),
-            args!["g005006", 1_i64, "declarer_attempts", TTL_MICROS],
+            args![
+                "g005006",
+                1_i64,
+                None::<&str>,
+                waiting,
+                "declarer_attempts",
+                TTL_MICROS
+            ],
         )
         .await;
         assert!(
@@ -278,7 +283,14 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     let most = max_node_rows(
         &mut conn,
         &uncapped,
-        args!["g005006", 1_i64, "declarer_attempts", TTL_MICROS],
+        args![
+            "g005006",
+            1_i64,
+            None::<&str>,
+            false,
+            "declarer_attempts",
+            TTL_MICROS
+        ],
     )
     .await;
     assert!(
@@ -524,10 +536,19 @@ async fn sqlite_listing_reads_search_by_key() {
         ("one group", one_sql('?')),
         ("waiters", SQLITE_WAITERS.to_owned()),
         ("instances", SQLITE_INSTANCES.to_owned()),
-        ("summary: waiters counted", SQLITE_COUNT_WAITERS.to_owned()),
+        ("summary page", sqlite_summary_sql(false, false)),
+        ("summary page by topic", sqlite_summary_sql(true, false)),
         (
-            "summary: instances counted",
-            SQLITE_COUNT_INSTANCES.to_owned(),
+            "summary page of waiting groups",
+            sqlite_summary_sql(false, true),
+        ),
+        (
+            "summary page by topic of waiting groups",
+            sqlite_summary_sql(true, true),
+        ),
+        (
+            "queue figures of a page",
+            wharf_queue::plans::sqlite_group_figures(),
         ),
         ("history", wharf::store::sqlite::QUERY_EVENTS.to_owned()),
         (
@@ -561,10 +582,11 @@ async fn sqlite_listing_reads_search_by_key() {
     for (what, lines) in plans {
         // `SCAN x` (with or without `USING ... INDEX`) reads every row of x; `SEARCH` is keyed;
         // a temporary B-tree sorts every row the search found before the first is returned.
-        // The skip scan's own rows (`waiting_group`, one per group it stepped to) are not a
-        // table. A page of waiting groups must not walk the groups by a range of names
-        // (`effective_declaration ... (group_name>?)`): it steps through the waiting index
-        // and looks each group up by equality (ADR 0044).
+        // The skip scan's own rows (`waiting_group`, one per group it stepped to) and the
+        // names a page's queue figures are read for (`json_each`) are not a table. A page of
+        // waiting groups must not walk the groups by a range of names (`effective_declaration
+        // ... (group_name>?)`): it steps through the waiting index and looks each group up by
+        // equality (ADR 0044).
         let waiting_page = what.contains("waiting groups");
         let scans: Vec<&String> = lines
             .iter()
@@ -572,6 +594,7 @@ async fn sqlite_listing_reads_search_by_key() {
                 (line.starts_with("SCAN ")
                     && *line != "SCAN CONSTANT ROW"
                     && *line != "SCAN waiting_group"
+                    && !line.starts_with("SCAN json_each VIRTUAL TABLE")
                     && !line.starts_with("SCAN (subquery-"))
                     || line.contains("TEMP B-TREE")
                     || (waiting_page

@@ -67,33 +67,58 @@ pub(crate) async fn group_stats(
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
     match group {
         Some(group) => group_stats_of(store, &[group.to_owned()]).await,
-        None => stats_rows(store, &group_stats_sql(""), None).await,
+        None => stats_rows(store, &group_stats_sql("")).await,
     }
 }
 
-/// The figures of the groups named, by name (a group without a queue row is left out).
+/// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
+/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned on every call with
+/// JIT compilation and bitmap scans off. Each group's queue rows are read by key: its
+/// deliveries once for the three counts (`FILTER`s of one aggregate), the first of them by
+/// position for the oldest unacked message, its dead letters and set-aside rows counted.
+pub const GROUP_FIGURES_SQL: &str = "WITH clock AS (SELECT clock_timestamp() AS now) \
+     SELECT g.group_name, g.topic, g.routed_position, \
+       COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
+       d.claimable, d.in_flight, d.backing_off, \
+       (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
+       (SELECT m.published_at FROM delivery f JOIN message m \
+          ON m.topic = f.topic AND m.position = f.position \
+          WHERE f.group_name = g.group_name ORDER BY f.position LIMIT 1), \
+       clock.now, \
+       (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
+       GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
+     FROM clock CROSS JOIN consumer_group g CROSS JOIN LATERAL ( \
+       SELECT COUNT(*) FILTER (WHERE e.visible_at <= clock.now) AS claimable, \
+         COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NOT NULL) \
+           AS in_flight, \
+         COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NULL) \
+           AS backing_off \
+       FROM delivery e WHERE e.group_name = g.group_name) d \
+     WHERE g.group_name = ANY($1::text[]) ORDER BY g.group_name";
+
+/// The figures of the groups named, by name (a group without a queue row is left out): one
+/// call of a statement each connection prepares once.
 pub(crate) async fn group_stats_of(
     store: &PgStore,
     groups: &[String],
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
-    let sql = group_stats_sql("WHERE g.group_name = ANY($1::text[])");
-    stats_rows(store, &sql, Some(groups)).await
+    let rows: Vec<GroupRow> = sqlx::query_as("SELECT * FROM wharf_group_figures($1)")
+        .bind(groups)
+        .fetch_all(store.pool())
+        .await?;
+    Ok(stats_from(rows))
 }
 
-async fn stats_rows(
-    store: &PgStore,
-    sql: &str,
-    groups: Option<&[String]>,
-) -> Result<Vec<GroupQueueStats>, QueueError> {
-    let mut query = sqlx::query_as::<_, GroupRow>(sql);
-    if let Some(groups) = groups {
-        query = query.bind(groups);
-    }
+async fn stats_rows(store: &PgStore, sql: &str) -> Result<Vec<GroupQueueStats>, QueueError> {
+    let query = sqlx::query_as::<_, GroupRow>(sql);
     // Planned on every call: a plan cached while `delivery` was empty would count by a
     // sequential scan of it forever.
     let rows: Vec<GroupRow> = query.persistent(false).fetch_all(store.pool()).await?;
-    Ok(rows
-        .into_iter()
+    Ok(stats_from(rows))
+}
+
+fn stats_from(rows: Vec<GroupRow>) -> Vec<GroupQueueStats> {
+    rows.into_iter()
         .map(
             |(
                 group,
@@ -125,7 +150,7 @@ async fn stats_rows(
                 }
             },
         )
-        .collect())
+        .collect()
 }
 
 type SwapRow = (i64, Vec<String>, DateTime<Utc>, i64, i64, i64, i64, i64);

@@ -7,7 +7,9 @@ mod log;
 mod route;
 
 pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
-pub(crate) use log::{group_stats, group_stats_of, publish, retain, swaps, topic_stats};
+pub(crate) use log::{
+    group_stats, group_stats_of, group_stats_sql, publish, retain, swaps, topic_stats, GROUPS_NAMED,
+};
 pub(crate) use route::{effective_install, route};
 
 fn headers_from(text: &str) -> crate::message::Headers {

@@ -98,9 +98,9 @@ fn statements(middle: &str, long_group: &str, fleet_group: &str) -> Vec<Statemen
             let mut args = PgArguments::default();
             args.add(after.clone()).expect("after");
             args.add(101i64).expect("limit");
-            if let Some(topic) = topic {
-                args.add(topic.to_owned()).expect("topic");
-            }
+            args.add(topic.map(str::to_owned)).expect("topic");
+            // Unused by the statement (it picks the form, as in `wharf_group_summaries`).
+            args.add(false).expect("waiting");
             args.add("declarer_attempts".to_owned()).expect("projector");
             args.add(60_000_000i64).expect("ttl");
             args

@@ -1,0 +1,266 @@
+//! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
+//! `wharf_group_view` and `wharf_group_figures` (Postgres migration 0015).
+//!
+//! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the
+//!   texts in `projections` and `queue` (whitespace aside), and plans them on every call with
+//!   JIT compilation and bitmap scans off: a function that kept a statement of its own, or
+//!   cached a plan, would not be what the plan tests hold to their bounds.
+//! - A connection that called them while the tables were empty, often enough for a plan cache
+//!   to settle on a generic plan, still reads a page of a large store by key afterwards (the
+//!   buffers of the call, its statement's included), on statistics taken while empty.
+//! - SQLite's summary page is one statement per page, not statements per group: its virtual
+//!   machine steps stay within a bound per listed group, with a crash-looping group on the page
+//!   and every group waiting (a page of waiting groups whose skip were materialized whole
+//!   would step through all 2,000).
+
+use rusqlite::StatementStatus;
+use serde_json::Value;
+use wharf::store::Store;
+use wharf_projections::rows::PG_GROUP;
+use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
+use wharf_tests::{Backend, TestStore};
+
+/// Whitespace collapsed to single spaces.
+fn normalized(sql: &str) -> String {
+    sql.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[tokio::test]
+async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_per_call() {
+    let store = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(pg) = &store.store else {
+        unreachable!("a Postgres test store")
+    };
+    let summaries: Vec<String> = [(false, false), (true, false), (false, true), (true, true)]
+        .into_iter()
+        .map(|(topic, waiting)| pg_summary_sql(topic, waiting))
+        .collect();
+    let expected: [(&str, Vec<String>); 3] = [
+        ("wharf_group_summaries", summaries),
+        ("wharf_group_view", vec![PG_GROUP.to_owned()]),
+        (
+            "wharf_group_figures",
+            vec![wharf_queue::plans::GROUP_FIGURES.to_owned()],
+        ),
+    ];
+    for (function, statements) in expected {
+        let (source, config): (String, Vec<String>) = sqlx::query_as(
+            "SELECT p.prosrc, p.proconfig FROM pg_proc p \
+             JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = current_schema() AND p.proname = $1",
+        )
+        .bind(function)
+        .fetch_one(pg.pool())
+        .await
+        .unwrap_or_else(|e| panic!("{function}: {e}"));
+        let source = normalized(&source);
+        for statement in statements {
+            assert!(
+                source.contains(&format!("RETURN QUERY {};", normalized(&statement))),
+                "{function} does not run the checked statement {statement}\n{source}"
+            );
+        }
+        assert_eq!(
+            source.matches("RETURN QUERY").count(),
+            if function == "wharf_group_summaries" {
+                4
+            } else {
+                1
+            },
+            "{function} runs a statement of its own: {source}"
+        );
+        for setting in [
+            "plan_cache_mode=force_custom_plan",
+            "jit=off",
+            "enable_bitmapscan=off",
+        ] {
+            assert!(
+                config.iter().any(|c| c == setting),
+                "{function}: {config:?}"
+            );
+        }
+    }
+}
+
+/// A large listing store: 20k groups over 50 topics, each with three instances, five
+/// attempts (one group in a hundred waiting), a queue row and three deliveries; one
+/// crash-looping group with 20k waiting attempts.
+const FILL: [&str; 8] = [
+    "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
+     previous, declared_at, attempt_at, position, installs) SELECT 'g' || lpad(i::text, 6, '0'), \
+     't' || (i % 50), 'd', '1', ARRAY['a/#'], NULL, now(), now(), i, 1 \
+     FROM generate_series(1, 20000) i",
+    "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, incumbent, \
+     declared_at, attempt_at, position) SELECT 'g' || lpad(i::text, 6, '0'), 'w' || j, \
+     CASE WHEN j = 0 AND i % 100 = 7 THEN 'waiting' ELSE 'resolved' END, '1', ARRAY['b/#'], \
+     ARRAY['a/#'], now() + j * interval '1 s', now(), i * 10 + j \
+     FROM generate_series(1, 20000) i, generate_series(0, 4) j",
+    "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, incumbent, \
+     declared_at, attempt_at, position) SELECT 'g005007', 'crash' || k, 'waiting', '1', \
+     ARRAY['b/#'], ARRAY['a/#'], now() + k * interval '1 ms', now(), 1000000 + k \
+     FROM generate_series(1, 20000) k",
+    "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, \
+     heartbeat_at) SELECT 'g' || lpad(i::text, 6, '0'), 'i' || j, 't', '1', ARRAY['a/#'], now(), \
+     now() FROM generate_series(1, 20000) i, generate_series(0, 2) j",
+    "INSERT INTO topic (name, head) SELECT 't' || i, 3 FROM generate_series(0, 49) i",
+    "INSERT INTO message (topic, position, subject, payload) \
+     SELECT t.name, p, 'x', '\\x00'::bytea FROM topic t, generate_series(1, 3) p",
+    "INSERT INTO consumer_group (group_name, topic, routed_position) \
+     SELECT group_name, topic, 3 FROM effective_declaration",
+    "INSERT INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
+     SELECT e.group_name, e.topic, p, e.position, now(), now() \
+     FROM effective_declaration e, generate_series(1, 3) p",
+];
+
+/// The calls a listing makes, with their arguments as SQL literals: a page by name, by topic,
+/// of waiting groups past the crash-looping one, one group, a page's queue figures.
+fn calls() -> Vec<(&'static str, String)> {
+    let page = |topic: &str, waiting: bool| {
+        format!(
+            "SELECT * FROM wharf_group_summaries('g005000', 101, {topic}, {waiting}, \
+             'declarer_attempts', 60000000)"
+        )
+    };
+    vec![
+        ("page", page("NULL", false)),
+        ("page by topic", page("'t7'", false)),
+        ("page of waiting groups", page("NULL", true)),
+        ("page by topic of waiting groups", page("'t7'", true)),
+        (
+            "one group",
+            "SELECT * FROM wharf_group_view('g005007', NULL, NULL, 101, '', \
+             'declarer_attempts')"
+                .to_owned(),
+        ),
+        (
+            "queue figures",
+            "SELECT * FROM wharf_group_figures(ARRAY(SELECT group_name \
+             FROM effective_declaration WHERE group_name > 'g005000' ORDER BY group_name \
+             LIMIT 100))"
+                .to_owned(),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn listing_calls_made_on_empty_tables_read_a_large_store_by_key() {
+    let store = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(pg) = &store.store else {
+        unreachable!("a Postgres test store")
+    };
+    let mut conn = pg.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    // On empty tables, more often than a plan cache needs to settle on a generic plan.
+    for _ in 0..8 {
+        for (what, call) in calls() {
+            sqlx::query(&call)
+                .fetch_all(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+    }
+    for statement in FILL {
+        sqlx::query(statement)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    sqlx::query(
+        "INSERT INTO projection_checkpoint (projector, position) VALUES ('declarer_attempts', 0) \
+         ON CONFLICT (projector) DO NOTHING",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    for (what, call) in calls() {
+        let (plan,): (Value,) =
+            sqlx::query_as(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {call}"))
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let root = &plan[0]["Plan"];
+        let buffers = root["Shared Hit Blocks"].as_i64().unwrap_or(0)
+            + root["Shared Read Blocks"].as_i64().unwrap_or(0);
+        // The plan tests' bound for a summary page (ADR 0038), which the other calls are
+        // well inside. A scan of `declarer_attempt` alone is over 1,300 buffers here, of
+        // the crash-looping group's waiting attempts several hundred, and every per-group
+        // probe by a scan of its table multiplies that by the page.
+        assert!(
+            buffers <= 2_500,
+            "{what} touched {buffers} buffers after calls on empty tables: {plan}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sqlite_summary_page_is_one_statement_bounded_per_group() {
+    let store = TestStore::new(Backend::Sqlite).await;
+    let Store::Sqlite(sqlite) = &store.store else {
+        unreachable!("a SQLite test store")
+    };
+    let steps = sqlite
+        .write(|ctx| {
+            ctx.tx.execute_batch(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000) \
+                 INSERT INTO effective_declaration (group_name, topic, declarer, version, \
+                   patterns, previous, declared_at, attempt_at, position, installs) \
+                 SELECT printf('g%06d', i), 't' || (i % 5), 'd', '1', '[\"a/#\"]', NULL, 0, 0, \
+                   i, 1 FROM n; \
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000) \
+                 INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
+                   started_at, heartbeat_at) SELECT printf('g%06d', i), 'i' || j.j, 't', '1', \
+                   '[\"a/#\"]', 0, 0 FROM n, (SELECT 0 AS j UNION ALL SELECT 1) j; \
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 5000) \
+                 INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+                   incumbent, declared_at, attempt_at, position) \
+                 SELECT 'g000050', 'crash' || i, 'waiting', '1', '[\"b/#\"]', '[\"a/#\"]', i, i, \
+                   i FROM n; \
+                 INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+                   incumbent, declared_at, attempt_at, position) \
+                 SELECT group_name, 'w', 'waiting', '1', '[\"b/#\"]', '[\"a/#\"]', 0, 0, 0 \
+                 FROM effective_declaration;",
+            )?;
+            let mut steps = Vec::new();
+            for (topic, waiting) in [(false, false), (false, true)] {
+                let sql = sqlite_summary_sql(topic, waiting);
+                // The same page counting every open waiter: the bound must catch it.
+                let uncapped = sql.replacen("a.declarer LIMIT 101)", "a.declarer)", 1);
+                assert_ne!(uncapped, sql, "the count is capped");
+                for (capped, sql) in [(true, sql), (false, uncapped)] {
+                    let mut stmt = ctx.tx.prepare(&sql)?;
+                    let rows = stmt
+                        .query_map(rusqlite::params!["", 101, None::<String>, 0], |r| {
+                            r.get::<_, i64>(10)
+                        })?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let vm_steps = i64::from(stmt.get_status(StatementStatus::VmStep));
+                    steps.push((waiting, capped, rows, vm_steps));
+                }
+            }
+            Ok(steps)
+        })
+        .await
+        .unwrap();
+    for (waiting, capped, rows, vm_steps) in steps {
+        let listed = rows.len() as i64;
+        let what = format!("waiting={waiting} capped={capped}");
+        assert_eq!(listed, 101, "{what}: {rows:?}");
+        // A few hundred steps per listed group, the crash-looping group's 101 counted
+        // waiters included; counting its 5,000 takes tens of thousands more.
+        let bound = 300 * listed + 5_000;
+        if capped {
+            assert!(rows.contains(&101), "{what}: {rows:?}");
+            assert!(
+                vm_steps <= bound,
+                "{what}: {vm_steps} steps for {listed} groups"
+            );
+        } else {
+            assert!(rows.contains(&5_001), "{what}: {rows:?}");
+            assert!(
+                vm_steps > bound,
+                "{what}: the bound must catch it ({vm_steps})"
+            );
+        }
+        println!("{what}: {vm_steps} steps for {listed} groups");
+    }
+}
