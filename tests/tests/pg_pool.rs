@@ -2,6 +2,7 @@
 //! round trip less per transaction), and pings one that sat idle: a connection the server
 //! closed while it was idle is replaced before anyone uses it, and one closed while in steady
 //! use fails a single statement and is dropped, the next call getting a fresh connection.
+//! Every connection runs with JIT compilation off, whatever else the URL's options set.
 
 use std::time::Duration;
 
@@ -79,4 +80,45 @@ async fn an_idle_connection_is_checked_and_a_busy_one_is_replaced_after_one_fail
         third, second,
         "the broken connection was dropped, not reused"
     );
+}
+
+async fn setting(store: &Store, name: &str) -> String {
+    let Store::Postgres(pg) = store else {
+        panic!("a Postgres store")
+    };
+    sqlx::query_scalar("SELECT current_setting($1)")
+        .bind(name)
+        .fetch_one(pg.pool())
+        .await
+        .expect("the pool's connection answers")
+}
+
+#[tokio::test]
+async fn every_connection_runs_without_jit_and_keeps_the_url_s_own_options() {
+    let ts = TestStore::new(Backend::Postgres).await;
+    let admin = sqlx::PgPool::connect(&wharf_tests::pg_url())
+        .await
+        .expect("an admin connection");
+    let server_default: String =
+        sqlx::query_scalar("SELECT boot_val FROM pg_settings WHERE name = 'jit'")
+            .fetch_one(&admin)
+            .await
+            .expect("pg_settings");
+    let mut config = ts.config();
+    let separator = if config.store.url.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    config.store.url = format!(
+        "{}{separator}options=-c%20statement_timeout%3D4321",
+        config.store.url
+    );
+    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    assert_eq!(
+        setting(wharf.store(), "jit").await,
+        "off",
+        "server default: {server_default}"
+    );
+    assert_eq!(setting(wharf.store(), "statement_timeout").await, "4321ms");
 }
