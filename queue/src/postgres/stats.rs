@@ -35,29 +35,6 @@ type GroupRow = (
     i64,
 );
 
-/// The figures of the groups a `WHERE` clause picks (`$1`), by name.
-fn group_stats_sql(filter: &str) -> String {
-    format!(
-        "WITH clock AS (SELECT clock_timestamp() AS now) \
-         SELECT g.group_name, g.topic, g.routed_position, \
-           COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
-           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at <= clock.now), \
-           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at > clock.now AND d.claim_token IS NOT NULL), \
-           (SELECT COUNT(*) FROM delivery d WHERE d.group_name = g.group_name \
-              AND d.visible_at > clock.now AND d.claim_token IS NULL), \
-           (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
-           (SELECT m.published_at FROM delivery d JOIN message m \
-              ON m.topic = d.topic AND m.position = d.position \
-              WHERE d.group_name = g.group_name ORDER BY d.position LIMIT 1), \
-           clock.now, \
-           (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
-           GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
-         FROM consumer_group g, clock {filter} ORDER BY g.group_name"
-    )
-}
-
 /// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
 /// age of its oldest unacked message; of one group, or of the groups named (a listing page:
 /// their rows only, by key).
@@ -67,16 +44,16 @@ pub(crate) async fn group_stats(
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
     match group {
         Some(group) => group_stats_of(store, &[group.to_owned()]).await,
-        None => stats_rows(store, &group_stats_sql("")).await,
+        None => stats_rows(store, ALL_GROUP_FIGURES_SQL).await,
     }
 }
 
-/// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
-/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned on every call with
-/// JIT compilation and bitmap scans off. Each group's queue rows are read by key: its
-/// deliveries once for the three counts (`FILTER`s of one aggregate), the first of them by
-/// position for the oldest unacked message, its dead letters and set-aside rows counted.
-pub const GROUP_FIGURES_SQL: &str = "WITH clock AS (SELECT clock_timestamp() AS now) \
+/// The figures' statement with `$filter` (a `WHERE` clause and a space, or nothing) before its
+/// order: one text for a page's groups and for every group.
+macro_rules! figures_sql {
+    ($filter:literal) => {
+        concat!(
+            "WITH clock AS (SELECT clock_timestamp() AS now) \
      SELECT g.group_name, g.topic, g.routed_position, \
        COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
        d.claimable, d.in_flight, d.backing_off, \
@@ -93,8 +70,22 @@ pub const GROUP_FIGURES_SQL: &str = "WITH clock AS (SELECT clock_timestamp() AS 
            AS in_flight, \
          COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NULL) \
            AS backing_off \
-       FROM delivery e WHERE e.group_name = g.group_name) d \
-     WHERE g.group_name = ANY($1::text[]) ORDER BY g.group_name";
+       FROM delivery e WHERE e.group_name = g.group_name) d ",
+            $filter,
+            "ORDER BY g.group_name"
+        )
+    };
+}
+
+/// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
+/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned on every call with
+/// JIT compilation and bitmap scans off. Each group's queue rows are read by key: its
+/// deliveries once for the three counts (`FILTER`s of one aggregate), the first of them by
+/// position for the oldest unacked message, its dead letters and set-aside rows counted.
+pub const GROUP_FIGURES_SQL: &str = figures_sql!("WHERE g.group_name = ANY($1::text[]) ");
+
+/// The same figures of every group (`/metrics`, the CLI), planned on every call.
+const ALL_GROUP_FIGURES_SQL: &str = figures_sql!("");
 
 /// The figures of the groups named, by name (a group without a queue row is left out): one
 /// call of a statement each connection prepares once.
