@@ -23,6 +23,28 @@ fn parse_list(text: &str) -> Result<Vec<String>, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::decode(0, e))
 }
 
+/// A waiting attempt's columns as SQLite stores them: declarer, version, patterns and incumbent
+/// (JSON text), first statement and newest attempt (microseconds).
+pub(crate) type RawWaiter = (String, String, String, Option<String>, i64, i64);
+
+/// A SQLite waiting attempt of `group`, its lists and times decoded.
+pub(crate) fn sqlite_waiting_row(group: String, raw: RawWaiter) -> Result<WaitingRow, StoreError> {
+    let (declarer, version, patterns, incumbent, declared, attempt) = raw;
+    Ok(WaitingRow {
+        group,
+        declarer,
+        version,
+        patterns: parse_list(&patterns)?,
+        incumbent: incumbent
+            .as_deref()
+            .map(parse_list)
+            .transpose()?
+            .unwrap_or_default(),
+        declared_at: from_micros(declared),
+        attempt_at: from_micros(attempt),
+    })
+}
+
 /// A page of groups as the backends read it.
 #[derive(Debug, Clone)]
 pub(crate) struct PageKeys {
@@ -133,28 +155,19 @@ fn sqlite_members(
     for group in groups {
         let rows =
             waiters.query_map(params![group, after_at, after_declarer, keys.fetch], |r| {
-                Ok((
-                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
-                    r.get::<_, String>(2)?,
-                    (r.get::<_, String>(3)?, r.get::<_, Option<String>>(4)?),
-                    (r.get::<_, i64>(5)?, r.get::<_, i64>(6)?),
-                ))
+                let raw: RawWaiter = (
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                );
+                Ok((r.get::<_, String>(0)?, raw))
             })?;
         for row in rows {
-            let ((group, declarer), version, (patterns, incumbent), times) = row?;
-            waiting.push(WaitingRow {
-                group,
-                declarer,
-                version,
-                patterns: parse_list(&patterns)?,
-                incumbent: incumbent
-                    .as_deref()
-                    .map(parse_list)
-                    .transpose()?
-                    .unwrap_or_default(),
-                declared_at: from_micros(times.0),
-                attempt_at: from_micros(times.1),
-            });
+            let (group, raw) = row?;
+            waiting.push(sqlite_waiting_row(group, raw)?);
         }
         let rows = members.query_map(params![group, keys.instances_after, keys.fetch], |r| {
             Ok((

@@ -17,11 +17,12 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, TransactionBehavior};
 use serde::Serialize;
 use sqlx::Row;
-use wharf_store::event::from_micros;
 use wharf_store::{PgStore, SqliteStore, StoreError};
 
 use crate::declaration::DeclarerAttempts;
-use crate::rows::{page_sql, sqlite_effective_row, PageKeys, RawEffective};
+use crate::rows::{
+    page_sql, sqlite_effective_row, sqlite_waiting_row, PageKeys, RawEffective, RawWaiter,
+};
 use crate::views::{EffectiveView, WaiterView};
 use crate::walks::{page_sql_with, PageExtra};
 
@@ -292,10 +293,6 @@ pub(crate) async fn pg_summaries(
     })
 }
 
-fn parse_list(text: &str) -> Result<Vec<String>, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::decode(0, e))
-}
-
 /// Whether the catch-up projector is behind the log, on a connection inside a read.
 pub(crate) fn sqlite_behind(conn: &Connection) -> Result<bool, StoreError> {
     let (head, checkpoint) = conn
@@ -338,10 +335,6 @@ pub(crate) async fn sqlite_summaries(
         .await
 }
 
-/// The oldest waiter's columns as SQLite stores them: declarer, version, patterns and
-/// incumbent (JSON text), first statement and newest attempt (microseconds).
-type RawWaiter = (String, String, String, Option<String>, i64, i64);
-
 /// A summary row as SQLite answers it, before its lists and times are decoded.
 struct RawSummary {
     effective: RawEffective,
@@ -375,24 +368,10 @@ fn sqlite_summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawSummary> {
 impl RawSummary {
     fn decode(self) -> Result<SummaryRow, StoreError> {
         let effective = self.effective.decode()?;
-        let oldest = match self.oldest {
-            Some((declarer, version, patterns, incumbent, declared, attempt)) => {
-                Some(crate::views::WaitingRow {
-                    group: effective.group.clone(),
-                    declarer,
-                    version,
-                    patterns: parse_list(&patterns)?,
-                    incumbent: incumbent
-                        .as_deref()
-                        .map(parse_list)
-                        .transpose()?
-                        .unwrap_or_default(),
-                    declared_at: from_micros(declared),
-                    attempt_at: from_micros(attempt),
-                })
-            }
-            None => None,
-        };
+        let oldest = self
+            .oldest
+            .map(|raw| sqlite_waiting_row(effective.group.clone(), raw))
+            .transpose()?;
         Ok(SummaryRow {
             effective,
             waiters: self.waiters,
