@@ -57,22 +57,6 @@ fn record_states(consumer: &Consumer) -> Arc<Mutex<Vec<ConsumerState>>> {
     seen
 }
 
-/// The recorded states once `done` holds for them (within 10 s), for a recorder that runs
-/// behind the consumer.
-async fn recorded_until(
-    seen: &Mutex<Vec<ConsumerState>>,
-    done: impl Fn(&[ConsumerState]) -> bool,
-) -> Vec<ConsumerState> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let states = seen.lock().unwrap().clone();
-        if done(&states) || tokio::time::Instant::now() >= deadline {
-            return states;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-}
-
 async fn effective(wharf: &Wharf) -> Vec<String> {
     wharf
         .read_model()
@@ -130,7 +114,16 @@ async fn rolling_deploy_converges_when_old_heartbeats_lapse(backend: Backend) {
         "the wait was recorded"
     );
     // The recorder is its own task: it may not have seen the ready state yet.
-    let states = recorded_until(&new_states, |s| s.iter().any(ConsumerState::is_ready)).await;
+    wait_until("the recorder saw new-a ready", DEADLINE, || {
+        let seen = new_states
+            .lock()
+            .unwrap()
+            .iter()
+            .any(ConsumerState::is_ready);
+        async move { seen }
+    })
+    .await;
+    let states = new_states.lock().unwrap().clone();
     let first_ready = states.iter().position(ConsumerState::is_ready).unwrap();
     assert!(
         states[..first_ready]
