@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod prometheus_text;
 pub mod proxy;
 pub mod sessions;
+pub mod states;
 pub mod worker;
 
 use std::time::{Duration, Instant};
@@ -122,6 +123,15 @@ impl TestStore {
     /// A Wharf over this store with fast test timings.
     pub fn wharf(&self) -> Wharf {
         Wharf::with_store(self.store.clone(), &self.config())
+    }
+
+    /// A Wharf on this store with the harness's fast heartbeats and retries but instances that
+    /// stay live for 30 s without one: for tests whose point is not a lapse, so that a loaded
+    /// machine (a heartbeat late by more than the 400 ms TTL) cannot let a waiting set swap in.
+    pub fn steady_wharf(&self) -> Wharf {
+        let mut config = self.config();
+        config.declarations.instance_ttl = Duration::from_secs(30);
+        Wharf::with_store(self.store.clone(), &config)
     }
 
     /// The Postgres schema, when on Postgres.

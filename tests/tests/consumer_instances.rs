@@ -20,6 +20,7 @@ use wharf::queue::{Claimed, Headers};
 use wharf::store::{PgStore, SqliteStore, Store};
 use wharf::{Consumer, ConsumerState, Registration, Wharf};
 use wharf_tests::proxy::TcpProxy;
+use wharf_tests::states::StateLog;
 use wharf_tests::{on_both_backends, pg_url, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -123,21 +124,6 @@ fn joined(state: &ConsumerState) -> (i64, u64) {
     }
 }
 
-/// Records every state a consumer passes through (transitions closer together than the
-/// recorder's wake-up may be seen as one).
-fn record_states(consumer: &Consumer) -> Arc<Mutex<Vec<ConsumerState>>> {
-    let seen = Arc::new(Mutex::new(vec![consumer.state()]));
-    let mut watch = consumer.watch();
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        while watch.changed().await.is_ok() {
-            let state = watch.borrow_and_update().clone();
-            sink.lock().unwrap().push(state);
-        }
-    });
-    seen
-}
-
 // ---------------------------------------------------------------------------------------------
 // One instance per consumer
 // ---------------------------------------------------------------------------------------------
@@ -166,9 +152,9 @@ async fn two_consumers_in_one_process_behave_like_two_processes(backend: Backend
     both.sort();
     assert_eq!(instance_rows(&store.store).await, both, "one row each");
 
-    let first_states = record_states(&first);
+    let first_states = StateLog::record(&first);
     let other = wharf.consume(registration(&["orders/us/#"]));
-    let other_states = record_states(&other);
+    let other_states = StateLog::record(&other);
     reach(
         &other,
         "the divergent set waiting through many heartbeats",
@@ -193,13 +179,9 @@ async fn two_consumers_in_one_process_behave_like_two_processes(backend: Backend
         "exactly one install: no flip-flop"
     );
     assert!(
-        first_states
-            .lock()
-            .unwrap()
-            .iter()
-            .all(ConsumerState::is_ready),
+        first_states.so_far().iter().all(ConsumerState::is_ready),
         "the first consumer never left its set: {:?}",
-        first_states.lock().unwrap()
+        first_states.so_far()
     );
     assert!(twin.is_ready());
 
@@ -227,7 +209,7 @@ async fn two_consumers_in_one_process_behave_like_two_processes(backend: Backend
             vec!["orders/us/#".to_owned()]
         ]
     );
-    let recorded = other_states.lock().unwrap().clone();
+    let recorded = other_states.until_ready().await;
     let first_ready = recorded.iter().position(ConsumerState::is_ready).unwrap();
     assert!(
         recorded[..first_ready]
@@ -371,7 +353,7 @@ async fn an_instance_cut_off_past_its_ttl_redeclares_before_it_claims(backend: B
     })
     .await;
 
-    let states = record_states(&consumer);
+    let states = StateLog::record(&consumer);
     outage.cut().await;
     let cut_at = Instant::now();
     // The last confirmed heartbeat was sent before the cut, so the TTL from the cut is the
@@ -425,7 +407,13 @@ async fn an_instance_cut_off_past_its_ttl_redeclares_before_it_claims(backend: B
         (install, 2),
         "the same install, joined a second time"
     );
-    let recorded = states.lock().unwrap().clone();
+    let recorded = states
+        .until("a stall, then ready again", |s| {
+            s.iter()
+                .skip_while(|s| !matches!(s, ConsumerState::Stalled { .. }))
+                .any(ConsumerState::is_ready)
+        })
+        .await;
     let stalled = recorded
         .iter()
         .position(|s| matches!(s, ConsumerState::Stalled { .. }))
@@ -473,7 +461,7 @@ async fn a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_insta
     let consumer = wharf.consume(registration(&["orders/#"]));
     ready(&consumer, "the consumer").await;
     let before = joined(&consumer.state());
-    let states = record_states(&consumer);
+    let states = StateLog::record(&consumer);
 
     outage.cut().await;
     let cut_at = Instant::now();
@@ -496,7 +484,13 @@ async fn a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_insta
         before,
         "the same install, without declaring again"
     );
-    let recorded = states.lock().unwrap().clone();
+    let recorded = states
+        .until("a stall, then ready again", |s| {
+            s.iter()
+                .skip_while(|s| !matches!(s, ConsumerState::Stalled { .. }))
+                .any(ConsumerState::is_ready)
+        })
+        .await;
     assert!(
         !recorded
             .iter()

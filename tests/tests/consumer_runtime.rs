@@ -15,6 +15,7 @@ use wharf::domain::{DeclarerId, GroupName};
 use wharf::handler::{handler_fn, HandlerError};
 use wharf::queue::{Claimed, GroupQueueStats, Headers};
 use wharf::{Consumer, ConsumerState, ConsumerStats, Registration, Wharf, WharfError};
+use wharf_tests::states::StateLog;
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -110,20 +111,6 @@ async fn counted(consumer: &Consumer, what: &str, done: impl Fn(ConsumerStats) -
         async move { done }
     })
     .await;
-}
-
-/// Records every state a consumer passes through.
-fn record_states(consumer: &Consumer) -> Arc<Mutex<Vec<ConsumerState>>> {
-    let seen = Arc::new(Mutex::new(vec![consumer.state()]));
-    let mut watch = consumer.watch();
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        while watch.changed().await.is_ok() {
-            let state = watch.borrow_and_update().clone();
-            sink.lock().unwrap().push(state);
-        }
-    });
-    seen
 }
 
 async fn handles_exactly_the_matching_messages_and_acks_them(backend: Backend) {
@@ -361,7 +348,7 @@ async fn a_waiting_consumer_handles_nothing_until_its_set_is_installed(backend: 
     let new_seen = Arc::new(Mutex::new(Vec::new()));
     let new = as_declarer(&wharf, "new")
         .consume_with(registration(&["orders/us/#"]), recorder(new_seen.clone()));
-    let states = record_states(&new);
+    let states = StateLog::record(&new);
     reach(&new, "the new set waiting", |s| {
         matches!(s, ConsumerState::Waiting { .. })
     })
@@ -416,7 +403,7 @@ async fn a_waiting_consumer_handles_nothing_until_its_set_is_installed(backend: 
     assert_eq!(stats.routed_position, 5);
     assert!(settled(&stats), "{stats:?}");
 
-    let states = states.lock().unwrap().clone();
+    let states = states.until_ready().await;
     let first_ready = states.iter().position(ConsumerState::is_ready).unwrap();
     assert!(
         states[..first_ready]

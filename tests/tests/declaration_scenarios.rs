@@ -3,11 +3,11 @@
 //! first untouched and the second waiting forever, never ready; a dead waiter shows its age;
 //! `consume` re-attempts even after `register` installed.
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use wharf::domain::{DeclarationEvent, DeclarerId, GroupName, RegisterOutcome};
 use wharf::{Consumer, ConsumerState, Registration, Wharf, WharfError};
+use wharf_tests::states::StateLog;
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -43,20 +43,6 @@ async fn waiting(consumer: &Consumer, what: &str) {
     .unwrap();
 }
 
-/// Records every state a consumer passes through.
-fn record_states(consumer: &Consumer) -> Arc<Mutex<Vec<ConsumerState>>> {
-    let seen = Arc::new(Mutex::new(vec![consumer.state()]));
-    let mut watch = consumer.watch();
-    let sink = seen.clone();
-    tokio::spawn(async move {
-        while watch.changed().await.is_ok() {
-            let state = watch.borrow_and_update().clone();
-            sink.lock().unwrap().push(state);
-        }
-    });
-    seen
-}
-
 async fn effective(wharf: &Wharf) -> Vec<String> {
     wharf
         .read_model()
@@ -85,7 +71,7 @@ async fn rolling_deploy_converges_when_old_heartbeats_lapse(backend: Backend) {
     ready(&old_b, "old-b").await;
 
     let new_a = as_declarer(&wharf, "new-a").consume(registration("2.0", &["orders/#"]));
-    let new_states = record_states(&new_a);
+    let new_states = StateLog::record(&new_a);
     waiting(&new_a, "new-a").await;
     assert_eq!(effective(&wharf).await, vec!["orders/+/paid"]);
 
@@ -113,17 +99,7 @@ async fn rolling_deploy_converges_when_old_heartbeats_lapse(backend: Backend) {
         events.iter().any(|e| !e.is_installed()),
         "the wait was recorded"
     );
-    // The recorder is its own task: it may not have seen the ready state yet.
-    wait_until("the recorder saw new-a ready", DEADLINE, || {
-        let seen = new_states
-            .lock()
-            .unwrap()
-            .iter()
-            .any(ConsumerState::is_ready);
-        async move { seen }
-    })
-    .await;
-    let states = new_states.lock().unwrap().clone();
+    let states = new_states.until_ready().await;
     let first_ready = states.iter().position(ConsumerState::is_ready).unwrap();
     assert!(
         states[..first_ready]
@@ -155,11 +131,12 @@ on_both_backends!(rollback, rollback_is_symmetric);
 
 async fn divergent_apps_first_wins_second_waits_forever(backend: Backend) {
     let store = TestStore::new(backend).await;
-    let wharf = store.wharf();
+    // app-x must stay live while app-y retries: a lapse under load would let app-y install.
+    let wharf = store.steady_wharf();
     let first = as_declarer(&wharf, "app-x").consume(registration("x", &["orders/eu/#"]));
     ready(&first, "app-x").await;
     let second = as_declarer(&wharf, "app-y").consume(registration("y", &["orders/us/#"]));
-    let states = record_states(&second);
+    let states = StateLog::record(&second);
     // Many retries later the second app still waits, and the first is untouched.
     let mut watch = second.watch();
     tokio::time::timeout(
@@ -172,7 +149,7 @@ async fn divergent_apps_first_wins_second_waits_forever(backend: Backend) {
     assert!(first.is_ready());
     assert!(!second.is_ready());
     assert!(
-        !states.lock().unwrap().iter().any(ConsumerState::is_ready),
+        !states.so_far().iter().any(ConsumerState::is_ready),
         "app-y must never report ready"
     );
     assert_eq!(effective(&wharf).await, vec!["orders/eu/#"]);
@@ -238,7 +215,7 @@ on_both_backends!(dead_waiter, a_dead_waiter_shows_its_age);
 
 async fn consume_reattempts_even_after_register_installed(backend: Backend) {
     let store = TestStore::new(backend).await;
-    let wharf = store.wharf();
+    let wharf = store.steady_wharf();
     let p = as_declarer(&wharf, "p");
     let outcome = p.register(&registration("1", &["b/#"])).await.unwrap();
     assert!(matches!(
@@ -264,7 +241,7 @@ on_both_backends!(
 
 async fn register_reports_each_outcome(backend: Backend) {
     let store = TestStore::new(backend).await;
-    let wharf = store.wharf();
+    let wharf = store.steady_wharf();
     let a = as_declarer(&wharf, "a");
     let b = as_declarer(&wharf, "b");
     let first = a

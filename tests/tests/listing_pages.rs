@@ -181,15 +181,6 @@ on_both_backends!(
 );
 
 /// Starts a consumer and waits until it consumes (it is then a live declarer).
-/// A Wharf whose instances stay live for 30 s without a heartbeat: the summary tests count
-/// live instances and waiters across a hundred declarations, which on a loaded machine can take
-/// longer than the harness's 400 ms TTL (a lapsed consumer lets a waiting set swap in).
-fn steady_wharf(test: &TestStore) -> Wharf {
-    let mut config = test.config();
-    config.declarations.instance_ttl = Duration::from_secs(30);
-    Wharf::with_store(test.store.clone(), &config)
-}
-
 async fn live_consumer(wharf: &Wharf, group: &str, topic: &str, patterns: &[&str]) -> Consumer {
     let consumer = wharf.consume(Registration::new(group, topic, "1", patterns).unwrap());
     let mut watch = consumer.watch();
@@ -267,7 +258,7 @@ async fn member_walk(server: &Server, group: &str, list: &str, limit: usize) -> 
 
 async fn a_group_pages_its_waiters_and_instances(backend: Backend) {
     let test = TestStore::new(backend).await;
-    let wharf = steady_wharf(&test);
+    let wharf = test.steady_wharf();
     let _consumers = [
         live_consumer(&wharf, "busy", "orders", &["orders/#"]).await,
         live_consumer(&wharf, "busy", "orders", &["orders/#"]).await,
@@ -315,7 +306,7 @@ on_both_backends!(
 /// A summary counts up to 100 and says when more follow; the group's own read pages them all.
 async fn a_summary_counts_up_to_the_cap(backend: Backend) {
     let test = TestStore::new(backend).await;
-    let wharf = steady_wharf(&test);
+    let wharf = test.steady_wharf();
     let _consumer = live_consumer(&wharf, "crowd", "orders", &["orders/#"]).await;
     // Zero-padded, so the declarers' order is the order they first waited in.
     let waiters: Vec<String> = (0..101).map(|i| format!("waiter:{i:03}")).collect();
