@@ -52,6 +52,26 @@ pub mod plans {
     pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
     /// A listing's queue figures on Postgres, what `wharf_group_figures` runs (`$1` the groups).
     pub const GROUP_FIGURES: &str = crate::postgres::GROUP_FIGURES_SQL;
+    /// An ack's call on Postgres: `wharf_ack` (ADR 0048).
+    pub const ACK: &str = crate::postgres::ACK;
+    /// A batch of acks' call on Postgres: `wharf_settle` with the keys as three arrays (ADR
+    /// 0048).
+    pub const SETTLE: &str = crate::postgres::SETTLE;
+    /// A claim extension's call on Postgres: `wharf_extend` (ADR 0048).
+    pub const EXTEND: &str = crate::postgres::EXTEND;
+    /// What the queue's settling transactions run first on Postgres (ADR 0048).
+    pub const KEYED_PLANS: &str = crate::postgres::KEYED_PLANS;
+    /// A burial's statement on Postgres (run after [`KEYED_PLANS`]).
+    pub const BURY: &str = crate::postgres::BURY;
+    /// A nack's first statement on Postgres (run after [`KEYED_PLANS`]).
+    pub const NACK_MARK: &str = crate::postgres::NACK_MARK;
+    /// A nack's retry statement on Postgres (run after [`KEYED_PLANS`]).
+    pub const NACK_RETRY: &str = crate::postgres::NACK_RETRY;
+
+    /// The settle of set-aside claims in `table` on Postgres (run after [`KEYED_PLANS`]).
+    pub fn settle_in(table: &str) -> String {
+        crate::postgres::settle_in(table)
+    }
 
     /// A listing's queue figures on SQLite, one statement (`?1` the groups as a JSON array,
     /// `?2` the store's clock in microseconds).

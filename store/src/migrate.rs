@@ -56,6 +56,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(13, "postgres", "0013_claim_function.sql"),
     migration!(14, "postgres", "0014_event_payload_lz4.sql"),
     migration!(15, "postgres", "0015_listing_calls.sql"),
+    migration!(16, "postgres", "0016_keyed_settle_calls.sql"),
 ];
 
 /// The schema version this build needs.

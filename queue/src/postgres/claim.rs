@@ -63,6 +63,77 @@ const CLAIM: &str = "SELECT c_position, c_attempts, c_routed_by, c_topic, c_subj
        c_headers, c_published_at, c_acked_token \
      FROM wharf_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
+/// Settles acks: deletes the deliveries whose `(group, position, claim token)` are listed
+/// pairwise in `$1`, `$2`, `$3`, returning the keys deleted. A call of `wharf_settle` (Postgres
+/// migration 0016, ADR 0048): one round trip, its statement planned per call and by key only,
+/// so no plan made while `delivery` was small can serve it once the queue has grown.
+pub(crate) const SETTLE: &str = "SELECT s_group, s_position, s_token FROM wharf_settle($1, $2, $3)";
+
+/// Acks one claim (`$1` group, `$2` position, `$3` token): how many deliveries it deleted, 0 or
+/// 1. A call of `wharf_ack` (migration 0016, ADR 0048), keyed like [`SETTLE`].
+pub(crate) const ACK: &str = "SELECT wharf_ack($1, $2, $3)";
+
+/// Extends a held claim (`$1` group, `$2` position, `$3` token, `$4` seconds from now): the new
+/// `visible_at`, or NULL when the token no longer holds it. A call of `wharf_extend` (migration
+/// 0016, ADR 0048), keyed like [`SETTLE`].
+pub(crate) const EXTEND: &str = "SELECT wharf_extend($1, $2, $3, $4)";
+
+/// Run first in the queue's transactions that settle by key (a nack, a settle of set-aside
+/// claims, a burial): for the rest of the transaction every statement is planned on its call
+/// with its values, by key (no sequential or bitmap scans, no hash or merge joins), never from
+/// a generic plan the connection cached while the tables were small (ADR 0048). One round trip.
+/// (`set_config(..., true)` is `SET LOCAL`, here as one statement the connection prepares once.)
+pub(crate) const KEYED_PLANS: &str = "SELECT \
+     set_config('plan_cache_mode', 'force_custom_plan', true), \
+     set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), \
+     set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)";
+
+/// Moves claimed deliveries (`$1` group, `$2` positions, `$3` token) to the dead letters with a
+/// full copy of each message; `$4` is subtracted from the recorded attempts.
+pub(crate) const BURY: &str = "WITH dead AS ( \
+       DELETE FROM delivery WHERE group_name = $1 AND position = ANY($2) AND claim_token = $3 \
+       RETURNING group_name, topic, position, attempts, last_error) \
+     INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
+       published_at, attempts, last_error) \
+     SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, m.published_at, \
+       d.attempts - $4, COALESCE(d.last_error, 'claims expired without an ack or a nack') \
+     FROM dead d JOIN message m ON m.topic = d.topic AND m.position = d.position \
+     ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
+       last_error = excluded.last_error, dead_at = clock_timestamp()";
+
+/// A nack's first step: records the handler's error (`$4`) on the held claim (`$1` group, `$2`
+/// position, `$3` token) and returns its attempts so far.
+pub(crate) const NACK_MARK: &str = "UPDATE delivery SET last_error = $4 \
+     WHERE group_name = $1 AND position = $2 AND claim_token = $3 RETURNING attempts";
+
+/// A nack's retry: the delivery (`$1` group, `$2` position) is released and visible again after
+/// `$3` seconds.
+pub(crate) const NACK_RETRY: &str = "UPDATE delivery \
+     SET visible_at = clock_timestamp() + make_interval(secs => $3), \
+       claimed_by = NULL, claim_token = NULL \
+     WHERE group_name = $1 AND position = $2 RETURNING visible_at";
+
+/// Settles listed `(group, position, token)` claims in `table` (`delivery` or `set_aside`),
+/// returning the keys settled.
+pub(crate) fn settle_in(table: &str) -> String {
+    format!(
+        "DELETE FROM {table} s USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
+           AS settled(group_name, position, claim_token) \
+         WHERE s.group_name = settled.group_name AND s.position = settled.position \
+           AND s.claim_token = settled.claim_token \
+         RETURNING s.group_name, s.position, s.claim_token"
+    )
+}
+
+/// Starts a transaction whose statements are planned by key ([`KEYED_PLANS`]).
+async fn begin_keyed(
+    store: &PgStore,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, QueueError> {
+    let mut tx = store.pool().begin().await?;
+    sqlx::query(KEYED_PLANS).execute(&mut *tx).await?;
+    Ok(tx)
+}
+
 /// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
 /// (`(position, token)` of the same group) in the same statement; also reports how many
 /// exhausted messages it moved to the dead letters instead.
@@ -129,8 +200,9 @@ pub(crate) async fn claim(
         // the token still fences them, and the dead letter records the claims really handed
         // out.
         let positions: Vec<i64> = exhausted.iter().map(|row| row.0).collect();
-        let mut conn = store.pool().acquire().await?;
-        bury(&mut conn, group, &positions, token, 1).await?;
+        let mut tx = begin_keyed(store).await?;
+        bury(&mut tx, group, &positions, token, 1).await?;
+        tx.commit().await?;
     }
     let claimed = live
         .into_iter()
@@ -167,25 +239,14 @@ async fn bury(
     token: i64,
     uncount: i32,
 ) -> Result<u64, QueueError> {
-    let moved = sqlx::query(
-        "WITH dead AS ( \
-           DELETE FROM delivery WHERE group_name = $1 AND position = ANY($2) AND claim_token = $3 \
-           RETURNING group_name, topic, position, attempts, last_error) \
-         INSERT INTO dead_letter (group_name, topic, position, subject, payload, headers, \
-           published_at, attempts, last_error) \
-         SELECT d.group_name, d.topic, d.position, m.subject, m.payload, m.headers, m.published_at, \
-           d.attempts - $4, COALESCE(d.last_error, 'claims expired without an ack or a nack') \
-         FROM dead d JOIN message m ON m.topic = d.topic AND m.position = d.position \
-         ON CONFLICT (group_name, position) DO UPDATE SET attempts = excluded.attempts, \
-           last_error = excluded.last_error, dead_at = clock_timestamp()",
-    )
-    .bind(group.as_str())
-    .bind(positions)
-    .bind(token)
-    .bind(uncount)
-    .execute(conn)
-    .await?
-    .rows_affected();
+    let moved = sqlx::query(BURY)
+        .bind(group.as_str())
+        .bind(positions)
+        .bind(token)
+        .bind(uncount)
+        .execute(conn)
+        .await?
+        .rows_affected();
     Ok(moved)
 }
 
@@ -196,17 +257,14 @@ pub(crate) async fn ack(
     position: i64,
     token: i64,
 ) -> Result<AckOutcome, QueueError> {
-    let done = sqlx::query(
-        "DELETE FROM delivery WHERE group_name = $1 AND position = $2 AND claim_token = $3",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(token)
-    .execute(store.pool())
-    .await?
-    .rows_affected();
+    let done: i32 = sqlx::query_scalar(ACK)
+        .bind(group.as_str())
+        .bind(position)
+        .bind(token)
+        .fetch_one(store.pool())
+        .await?;
     let done = if done == 1 {
-        done
+        1
     } else {
         settle_set_aside(store, &[group.as_str()], &[position], &[token])
             .await?
@@ -229,18 +287,12 @@ pub(crate) async fn ack_many(
     let groups: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
     let positions: Vec<i64> = keys.iter().map(|k| k.1).collect();
     let tokens: Vec<i64> = keys.iter().map(|k| k.2).collect();
-    let done: Vec<(String, i64, i64)> = sqlx::query_as(
-        "DELETE FROM delivery d USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
-           AS settled(group_name, position, claim_token) \
-         WHERE d.group_name = settled.group_name AND d.position = settled.position \
-           AND d.claim_token = settled.claim_token \
-         RETURNING d.group_name, d.position, d.claim_token",
-    )
-    .bind(&groups)
-    .bind(&positions)
-    .bind(&tokens)
-    .fetch_all(store.pool())
-    .await?;
+    let done: Vec<(String, i64, i64)> = sqlx::query_as(SETTLE)
+        .bind(&groups)
+        .bind(&positions)
+        .bind(&tokens)
+        .fetch_all(store.pool())
+        .await?;
     let mut done: HashSet<(String, i64, i64)> = done.into_iter().collect();
     if done.len() < keys.len() {
         let missed: Vec<&(String, i64, i64)> = keys.iter().filter(|k| !done.contains(*k)).collect();
@@ -266,7 +318,7 @@ async fn settle_set_aside(
     positions: &[i64],
     tokens: &[i64],
 ) -> Result<Vec<(String, i64, i64)>, QueueError> {
-    let mut tx = store.pool().begin().await?;
+    let mut tx = begin_keyed(store).await?;
     sqlx::query(
         "SELECT 1 FROM consumer_group WHERE group_name = ANY($1) ORDER BY group_name FOR UPDATE",
     )
@@ -275,13 +327,7 @@ async fn settle_set_aside(
     .await?;
     let mut settled = Vec::new();
     for table in ["delivery", "set_aside"] {
-        let sql = format!(
-            "DELETE FROM {table} s USING unnest($1::text[], $2::bigint[], $3::bigint[]) \
-               AS settled(group_name, position, claim_token) \
-             WHERE s.group_name = settled.group_name AND s.position = settled.position \
-               AND s.claim_token = settled.claim_token \
-             RETURNING s.group_name, s.position, s.claim_token"
-        );
+        let sql = settle_in(table);
         let done: Vec<(String, i64, i64)> = sqlx::query_as(&sql)
             .bind(groups)
             .bind(positions)
@@ -302,16 +348,13 @@ pub(crate) async fn extend(
     token: i64,
     by: Duration,
 ) -> Result<ExtendOutcome, QueueError> {
-    let visible_at: Option<DateTime<Utc>> = sqlx::query_scalar(
-        "UPDATE delivery SET visible_at = clock_timestamp() + make_interval(secs => $4) \
-         WHERE group_name = $1 AND position = $2 AND claim_token = $3 RETURNING visible_at",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(token)
-    .bind(by.as_secs_f64())
-    .fetch_optional(store.pool())
-    .await?;
+    let visible_at: Option<DateTime<Utc>> = sqlx::query_scalar(EXTEND)
+        .bind(group.as_str())
+        .bind(position)
+        .bind(token)
+        .bind(by.as_secs_f64())
+        .fetch_one(store.pool())
+        .await?;
     Ok(match visible_at {
         Some(visible_at) => ExtendOutcome::Extended { visible_at },
         None => ExtendOutcome::ClaimLost,
@@ -328,17 +371,14 @@ pub(crate) async fn nack(
     token: i64,
     error: &str,
 ) -> Result<NackOutcome, QueueError> {
-    let mut tx = store.pool().begin().await?;
-    let attempts: Option<i32> = sqlx::query_scalar(
-        "UPDATE delivery SET last_error = $4 \
-         WHERE group_name = $1 AND position = $2 AND claim_token = $3 RETURNING attempts",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(token)
-    .bind(error)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let mut tx = begin_keyed(store).await?;
+    let attempts: Option<i32> = sqlx::query_scalar(NACK_MARK)
+        .bind(group.as_str())
+        .bind(position)
+        .bind(token)
+        .bind(error)
+        .fetch_optional(&mut *tx)
+        .await?;
     let Some(attempts) = attempts else {
         let released = release_set_aside(&mut tx, settings, group, position, token, error).await?;
         tx.commit().await?;
@@ -350,16 +390,12 @@ pub(crate) async fn nack(
         return Ok(NackOutcome::DeadLettered);
     }
     let backoff: Duration = settings.backoff(attempts);
-    let visible_at: DateTime<Utc> = sqlx::query_scalar(
-        "UPDATE delivery SET visible_at = clock_timestamp() + make_interval(secs => $3), \
-           claimed_by = NULL, claim_token = NULL \
-         WHERE group_name = $1 AND position = $2 RETURNING visible_at",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(backoff.as_secs_f64())
-    .fetch_one(&mut *tx)
-    .await?;
+    let visible_at: DateTime<Utc> = sqlx::query_scalar(NACK_RETRY)
+        .bind(group.as_str())
+        .bind(position)
+        .bind(backoff.as_secs_f64())
+        .fetch_one(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(NackOutcome::Retrying { visible_at })
 }

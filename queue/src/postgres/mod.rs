@@ -7,7 +7,10 @@ mod route;
 mod stats;
 mod swap;
 
-pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
+pub(crate) use claim::{
+    ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter, settle_in, ACK, BURY,
+    EXTEND, KEYED_PLANS, NACK_MARK, NACK_RETRY, SETTLE,
+};
 pub(crate) use publish::publish;
 pub(crate) use retention::retain;
 pub(crate) use route::{effective_install, route, SLICE as ROUTE_SLICE};
