@@ -8,12 +8,13 @@
 -- disk (110 ms), an extension 4,840 (22 ms); keyed, each reads a few buffers.
 --
 -- Each statement now runs inside a function, as the claim does (migration 0013): one round
--- trip through a statement the connection prepares once, planned on every call with the call's
--- values and the table as it is then (`plan_cache_mode = force_custom_plan`), with sequential
--- scans, bitmap scans, hash joins and merge joins disabled while it plans, so the only plans
--- left are primary-key look-ups, one per key (for a batch, a nested loop over the keys). The
--- settings hold only while the function runs. `tests/tests/queue_plans.rs` checks each call on
--- a queue that grew to 300k rows after the connection first used it.
+-- trip through a statement the connection prepares once, planned with sequential scans, bitmap
+-- scans, hash joins and merge joins disabled, so the only plans left are primary-key look-ups,
+-- one per key (for a batch, a nested loop over the keys). A batch's join is planned on every
+-- call with the call's values (`plan_cache_mode = force_custom_plan`): which side of the loop
+-- goes first depends on the sizes. The settings hold only while the function runs.
+-- `tests/tests/queue_plans.rs` checks each call on a queue that grew to 300k rows after the
+-- connection first used it.
 --
 -- The statements are the ones `queue/src/postgres/claim.rs` sent before, unchanged.
 
@@ -51,8 +52,13 @@ END
 $$;
 
 -- Deletes one delivery if `p_token` still holds its claim; returns how many rows it deleted (0
--- or 1). The single-message form of `wharf_settle`: its statement is a primary-key equality,
--- which plans in a fraction of the join over the keys.
+-- or 1). The single-message form of `wharf_settle`. Its statement is an equality on every
+-- column of the primary key, and for plain equalities Postgres builds its index path with all
+-- of them as index conditions (only a list, `= ANY`, gets a path without it, which is how the
+-- claim's generic plan went wrong, ADR 0042); with sequential and bitmap scans off the one plan
+-- left is that look-up, whatever the statistics. So its plan is made once per connection
+-- (`force_generic_plan`) instead of on every call: an ack is the per-message path of a consumer
+-- that acks by hand.
 CREATE OR REPLACE FUNCTION wharf_ack(
     p_group TEXT,
     p_position BIGINT,
@@ -61,7 +67,7 @@ CREATE OR REPLACE FUNCTION wharf_ack(
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
-SET plan_cache_mode = force_custom_plan
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
@@ -76,7 +82,8 @@ END
 $$;
 
 -- Pushes a held claim's visibility to `p_seconds` from now, only for the holder of its token;
--- returns the new `visible_at`, or NULL when the claim is no longer the caller's.
+-- returns the new `visible_at`, or NULL when the claim is no longer the caller's. A primary-key
+-- equality like `wharf_ack`, planned once per connection for the same reason.
 CREATE OR REPLACE FUNCTION wharf_extend(
     p_group TEXT,
     p_position BIGINT,
@@ -86,7 +93,7 @@ CREATE OR REPLACE FUNCTION wharf_extend(
 LANGUAGE plpgsql
 VOLATILE
 SET search_path FROM CURRENT
-SET plan_cache_mode = force_custom_plan
+SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$

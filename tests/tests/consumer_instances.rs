@@ -105,6 +105,17 @@ async fn reach(consumer: &Consumer, what: &str, done: impl FnMut(&ConsumerState)
     reach_by(consumer, Instant::now() + DEADLINE, what, done).await;
 }
 
+/// The recorded states once the recorder has seen a stall and, after it, the consumer ready.
+async fn through_a_stall(states: &StateLog) -> Vec<ConsumerState> {
+    states
+        .until("a stall, then ready again", |s| {
+            s.iter()
+                .skip_while(|s| !matches!(s, ConsumerState::Stalled { .. }))
+                .any(ConsumerState::is_ready)
+        })
+        .await
+}
+
 async fn ready(consumer: &Consumer, what: &str) {
     reach(consumer, what, ConsumerState::is_ready).await;
 }
@@ -407,13 +418,7 @@ async fn an_instance_cut_off_past_its_ttl_redeclares_before_it_claims(backend: B
         (install, 2),
         "the same install, joined a second time"
     );
-    let recorded = states
-        .until("a stall, then ready again", |s| {
-            s.iter()
-                .skip_while(|s| !matches!(s, ConsumerState::Stalled { .. }))
-                .any(ConsumerState::is_ready)
-        })
-        .await;
+    let recorded = through_a_stall(&states).await;
     let stalled = recorded
         .iter()
         .position(|s| matches!(s, ConsumerState::Stalled { .. }))
@@ -484,13 +489,7 @@ async fn a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_insta
         before,
         "the same install, without declaring again"
     );
-    let recorded = states
-        .until("a stall, then ready again", |s| {
-            s.iter()
-                .skip_while(|s| !matches!(s, ConsumerState::Stalled { .. }))
-                .any(ConsumerState::is_ready)
-        })
-        .await;
+    let recorded = through_a_stall(&states).await;
     assert!(
         !recorded
             .iter()
