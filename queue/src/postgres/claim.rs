@@ -257,20 +257,18 @@ pub(crate) async fn ack(
     position: i64,
     token: i64,
 ) -> Result<AckOutcome, QueueError> {
-    let done: i32 = sqlx::query_scalar(ACK)
+    let deleted: i32 = sqlx::query_scalar(ACK)
         .bind(group.as_str())
         .bind(position)
         .bind(token)
         .fetch_one(store.pool())
         .await?;
-    let done = if done == 1 {
-        1
-    } else {
-        settle_set_aside(store, &[group.as_str()], &[position], &[token])
+    let acked = deleted == 1
+        || settle_set_aside(store, &[group.as_str()], &[position], &[token])
             .await?
-            .len() as u64
-    };
-    Ok(if done == 1 {
+            .len()
+            == 1;
+    Ok(if acked {
         AckOutcome::Acked
     } else {
         AckOutcome::ClaimLost
