@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use wharf_api::ApiState;
 use wharf_domain::{
     decide, AppVersion, BindingSet, ConsumerGroup, DeclarationEvent, DeclarerId, GroupName,
-    LiveInstance, Register, RegisterOutcome, TopicName,
+    LiveInstance, OpenWait, Register, RegisterOutcome, TopicName,
 };
 use wharf_projections::ReadModel;
 use wharf_queue::{Headers, NackOutcome, OutgoingMessage, Queue, QueueSettings};
@@ -209,6 +209,7 @@ async fn register(
     let lock = GroupLock {
         group: group.to_owned(),
         topic: topic.to_owned(),
+        declarer: declarer.to_string(),
         instance_ttl: TTL,
         after_sequence: 0,
     };
@@ -219,7 +220,7 @@ async fn register(
             state.apply(event);
         }
         let mut live = Vec::new();
-        for row in &snapshot.observed {
+        for row in &snapshot.observed.live {
             live.push(LiveInstance {
                 declarer: DeclarerId::parse("declarer", &row.declarer)
                     .map_err(|e| e.to_string())?,
@@ -236,6 +237,10 @@ async fn register(
             first_declared_at: None,
             now: snapshot.now,
             live_instances: live,
+            open_wait: snapshot.observed.open_wait.as_ref().map(|row| OpenWait {
+                patterns: BindingSet::parse(&row.patterns).expect("a stored set"),
+                declared_at: row.declared_at,
+            }),
         };
         let decision = decide(&state, &command).map_err(|e| e.to_string())?;
         let events = decision

@@ -5,6 +5,11 @@
 //! given: same set (or nothing stored) joins or installs at once; a different set waits while any
 //! live instance still declares the stored set; with zero live declarers it swaps. It never
 //! produces a union of two sets and never fences a running incumbent.
+//!
+//! The aggregate's state is the effective declaration and a count, nothing that grows with the
+//! ledger: which declarers wait ([`OpenWaits`]) is kept by the store in a table that follows
+//! the same rule inline, and the decision is handed the registering declarer's own entry with
+//! the live instances (ADR 0049).
 
 use std::collections::BTreeMap;
 
@@ -120,6 +125,9 @@ pub struct Register {
     pub now: DateTime<Utc>,
     /// Instances of the group with a fresh heartbeat.
     pub live_instances: Vec<LiveInstance>,
+    /// The registering declarer's open wait in this group, observed with the live instances
+    /// (the [`OpenWaits`] entry the ledger leaves for it), if it has one.
+    pub open_wait: Option<OpenWait>,
 }
 
 /// The effective (newest installed) declaration of a group.
@@ -131,23 +139,79 @@ pub struct Effective {
     pub previous: Option<BindingSet>,
 }
 
-/// A declarer's newest waiting attempt.
+/// A declarer's open wait: the set it waits to install and when it first stated it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WaitingAttempt {
-    /// The attempt.
-    pub attempt: Attempt,
-    /// The set it waited on.
-    pub incumbent: BindingSet,
+pub struct OpenWait {
+    /// The set the declarer waits to install.
+    pub patterns: BindingSet,
+    /// When the declarer first stated that set (its waiting attempts carry it unchanged).
+    pub declared_at: DateTime<Utc>,
 }
 
-/// The consumer-group aggregate: what the ledger says about one group.
+/// Which declarers of one group wait, and for what: the rule the store's inline open-wait
+/// table follows, and the replay of it. A declarer's wait opens (or moves) with its
+/// `Waiting` event and closes when it installs, or when anyone installs the set it waits for
+/// (it joins at its next attempt, appending nothing).
+///
+/// This grows with every declarer that ever waited and was never resolved (each restart of a
+/// waiting deployment is a new declarer), so it is not part of [`ConsumerGroup`]: a cold
+/// register would load all of it to read one entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenWaits(BTreeMap<DeclarerId, OpenWait>);
+
+impl OpenWaits {
+    /// Follows one event of the group's ledger.
+    pub fn apply(&mut self, event: &DeclarationEvent) {
+        match event {
+            DeclarationEvent::Installed { attempt, .. } => {
+                self.0.remove(&attempt.declarer);
+                self.0.retain(|_, wait| !closes(attempt, wait));
+            }
+            DeclarationEvent::Waiting { attempt, .. } => {
+                self.0.insert(
+                    attempt.declarer.clone(),
+                    OpenWait {
+                        patterns: attempt.patterns.clone(),
+                        declared_at: attempt.declared_at,
+                    },
+                );
+            }
+        }
+    }
+
+    /// `declarer`'s open wait, if it has one.
+    pub fn get(&self, declarer: &DeclarerId) -> Option<&OpenWait> {
+        self.0.get(declarer)
+    }
+
+    /// Every open wait, by declarer.
+    pub fn iter(&self) -> impl Iterator<Item = (&DeclarerId, &OpenWait)> {
+        self.0.iter()
+    }
+
+    /// How many declarers wait.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when no declarer waits.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Whether an install of `installed` closes another declarer's `wait`: it installed the very
+/// set that declarer waits for.
+pub fn closes(installed: &Attempt, wait: &OpenWait) -> bool {
+    installed.patterns == wait.patterns
+}
+
+/// The consumer-group aggregate: what the ledger says about one group, bounded whatever the
+/// ledger's length (the open waits are kept apart, see [`OpenWaits`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsumerGroup {
     /// The effective declaration; `None` until the first install (whole topic meanwhile).
     pub effective: Option<Effective>,
-    /// Each declarer's newest waiting attempt, kept until that declarer installs or another
-    /// declarer installs the same set.
-    pub waiting: BTreeMap<DeclarerId, WaitingAttempt>,
     /// How many set changes the ledger holds.
     pub installs: u64,
 }
@@ -159,14 +223,6 @@ impl ConsumerGroup {
             .as_ref()
             .map(|e| e.attempt.patterns.clone())
             .unwrap_or_default()
-    }
-
-    /// Waiters whose requested set still differs from the effective set: the open waits.
-    pub fn open_waiters(&self) -> impl Iterator<Item = &WaitingAttempt> {
-        let effective = self.effective_set();
-        self.waiting
-            .values()
-            .filter(move |w| w.attempt.patterns != effective)
     }
 }
 
@@ -245,7 +301,7 @@ pub struct Decision {
 pub fn decide(state: &ConsumerGroup, cmd: &Register) -> Result<Decision, DeclarationError> {
     check_identity(state, cmd)?;
     let Some(effective) = &state.effective else {
-        return Ok(install(state, cmd, None));
+        return Ok(install(cmd, None));
     };
     let stored = &effective.attempt.patterns;
     if *stored == cmd.requested {
@@ -263,9 +319,9 @@ pub fn decide(state: &ConsumerGroup, cmd: &Register) -> Result<Decision, Declara
         .map(|instance| instance.declarer.clone())
         .collect();
     if live_declarers.is_empty() {
-        return Ok(install(state, cmd, Some(stored.clone())));
+        return Ok(install(cmd, Some(stored.clone())));
     }
-    let attempt = attempt_of(state, cmd);
+    let attempt = attempt_of(cmd);
     Ok(Decision {
         outcome: RegisterOutcome::Waiting {
             incumbent: stored.clone(),
@@ -301,8 +357,8 @@ fn check_identity(state: &ConsumerGroup, cmd: &Register) -> Result<(), Declarati
     Ok(())
 }
 
-fn install(state: &ConsumerGroup, cmd: &Register, previous: Option<BindingSet>) -> Decision {
-    let attempt = attempt_of(state, cmd);
+fn install(cmd: &Register, previous: Option<BindingSet>) -> Decision {
+    let attempt = attempt_of(cmd);
     Decision {
         outcome: RegisterOutcome::Installed {
             previous: previous.clone(),
@@ -313,13 +369,13 @@ fn install(state: &ConsumerGroup, cmd: &Register, previous: Option<BindingSet>) 
 }
 
 /// Builds the attempt record. `declared_at` is the declarer's own first statement of the set
-/// when it says so; otherwise its newest waiting row for the same set; otherwise now.
-fn attempt_of(state: &ConsumerGroup, cmd: &Register) -> Attempt {
-    let remembered = state
-        .waiting
-        .get(&cmd.declarer)
-        .filter(|w| w.attempt.patterns == cmd.requested)
-        .map(|w| w.attempt.declared_at);
+/// when it says so; otherwise its open wait's, when it waits for the same set; otherwise now.
+fn attempt_of(cmd: &Register) -> Attempt {
+    let remembered = cmd
+        .open_wait
+        .as_ref()
+        .filter(|w| w.patterns == cmd.requested)
+        .map(|w| w.declared_at);
     let declared_at = cmd
         .first_declared_at
         .or(remembered)
@@ -359,22 +415,12 @@ impl Aggregate for ConsumerGroup {
     fn apply(&mut self, event: Self::Event) {
         match event {
             DeclarationEvent::Installed { attempt, previous } => {
-                // The installer's wait is over, and so is every wait for the same set: those
-                // declarers join at their next attempt and append nothing.
-                self.waiting.remove(&attempt.declarer);
-                self.waiting
-                    .retain(|_, waiter| waiter.attempt.patterns != attempt.patterns);
                 self.installs += 1;
                 self.effective = Some(Effective { attempt, previous });
             }
-            DeclarationEvent::Waiting {
-                attempt, incumbent, ..
-            } => {
-                self.waiting.insert(
-                    attempt.declarer.clone(),
-                    WaitingAttempt { attempt, incumbent },
-                );
-            }
+            // A wait changes no decision but its own declarer's, which is handed its entry
+            // (`Register::open_wait`).
+            DeclarationEvent::Waiting { .. } => {}
         }
     }
 }

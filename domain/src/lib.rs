@@ -21,12 +21,13 @@ pub mod session;
 pub use binding_set::BindingSet;
 pub use declaration::{
     decide, Attempt, ConsumerGroup, Decision, DeclarationError, DeclarationEvent, LiveInstance,
-    Register, RegisterOutcome,
+    OpenWait, OpenWaits, Register, RegisterOutcome,
 };
 pub use error::ValidationError;
 pub use filter::{Subject, TopicFilter};
 pub use group_state::{
-    decode_group_state, encode_group_state, fold_group, StateRefused, GROUP_STATE_FORMAT,
+    decode_group_state, encode_group_state, fold_group, is_current_format, StateRefused,
+    GROUP_STATE_FORMAT,
 };
 pub use lease::{
     fence, ActivationPhases, FenceError, FencingToken, Lease, LeaseCommand, LeaseError, LeaseEvent,

@@ -11,7 +11,7 @@ use cqrs_es::{Aggregate, DomainEvent};
 use serde_json::json;
 use wharf_domain::{
     decide, AppVersion, Attempt, BindingSet, ConsumerGroup, DeclarationError, DeclarationEvent,
-    DeclarerId, GroupName, LiveInstance, Register, RegisterOutcome, TopicName,
+    DeclarerId, GroupName, LiveInstance, OpenWait, OpenWaits, Register, RegisterOutcome, TopicName,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -69,6 +69,7 @@ fn register(who: &str, requested: BindingSet, now: DateTime<Utc>) -> Register {
         first_declared_at: None,
         now,
         live_instances: Vec::new(),
+        open_wait: None,
     }
 }
 
@@ -121,8 +122,34 @@ fn given(events: Vec<DeclarationEvent>) -> cqrs_es::test::AggregateTestExecutor<
     TestFramework::<ConsumerGroup>::with(()).given(events)
 }
 
+/// The open waits `events` leave, as the store's open-wait table holds them.
+fn waits(events: &[DeclarationEvent]) -> OpenWaits {
+    let mut waits = OpenWaits::default();
+    for event in events {
+        waits.apply(event);
+    }
+    waits
+}
+
+/// `cmd` as the store hands it over after `events`: with its declarer's open wait.
+fn observed(events: &[DeclarationEvent], cmd: Register) -> Register {
+    Register {
+        open_wait: waits(events).get(&cmd.declarer).cloned(),
+        ..cmd
+    }
+}
+
+/// Given `events`, when `cmd` (with its declarer's open wait, as the store observes it).
+fn given_when(
+    events: Vec<DeclarationEvent>,
+    cmd: Register,
+) -> cqrs_es::test::AggregateResultValidator<ConsumerGroup> {
+    let cmd = observed(&events, cmd);
+    given(events).when(cmd)
+}
+
 fn decide_ok(events: &[DeclarationEvent], cmd: &Register) -> RegisterOutcome {
-    decide(&state(events), cmd)
+    decide(&state(events), &observed(events, cmd.clone()))
         .expect("decision succeeds")
         .outcome
 }
@@ -177,9 +204,11 @@ fn first_register_ignores_live_instances() {
 #[test]
 fn same_set_in_another_order_with_duplicates_joins_without_events() {
     let requested = BindingSet::parse(&["b/+", "a/#", "b/+"]).expect("valid");
-    given(vec![stored("d0", set(&["a/#", "b/+"]))])
-        .when(register("d1", requested, t(5)))
-        .then_expect_events(vec![]);
+    given_when(
+        vec![stored("d0", set(&["a/#", "b/+"]))],
+        register("d1", requested, t(5)),
+    )
+    .then_expect_events(vec![]);
 }
 
 #[test]
@@ -195,7 +224,7 @@ fn same_set_joins_even_while_instances_are_live_on_it() {
             effective: set(&["a/#", "b/+"]),
         }
     );
-    given(history.to_vec()).when(cmd).then_expect_events(vec![]);
+    given_when(history.to_vec(), cmd).then_expect_events(vec![]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,13 +237,11 @@ fn different_set_waits_while_a_live_instance_declares_the_stored_set() {
         live_instances: vec![live("w1", &["a/#"]), live("w2", &["other"])],
         ..register("d1", set(&["b/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_events(vec![waiting(
-            attempt("d1", set(&["b/#"]), t(5), t(5)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_events(vec![waiting(
+        attempt("d1", set(&["b/#"]), t(5), t(5)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -277,12 +304,10 @@ fn different_set_swaps_when_live_instances_declare_only_other_sets() {
         live_instances: vec![live("w1", &["c/#"]), live("w2", &["a/#", "c/#"])],
         ..register("d1", set(&["b/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd.clone())
-        .then_expect_events(vec![installed(
-            attempt("d1", set(&["b/#"]), t(5), t(5)),
-            Some(set(&["a/#"])),
-        )]);
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd.clone()).then_expect_events(vec![installed(
+        attempt("d1", set(&["b/#"]), t(5), t(5)),
+        Some(set(&["a/#"])),
+    )]);
     assert_eq!(
         decide_ok(&[stored("d0", set(&["a/#"]))], &cmd),
         RegisterOutcome::Installed {
@@ -294,12 +319,14 @@ fn different_set_swaps_when_live_instances_declare_only_other_sets() {
 
 #[test]
 fn different_set_swaps_when_no_instance_is_live() {
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(register("d1", set(&["b/#"]), t(5)))
-        .then_expect_events(vec![installed(
-            attempt("d1", set(&["b/#"]), t(5), t(5)),
-            Some(set(&["a/#"])),
-        )]);
+    given_when(
+        vec![stored("d0", set(&["a/#"]))],
+        register("d1", set(&["b/#"]), t(5)),
+    )
+    .then_expect_events(vec![installed(
+        attempt("d1", set(&["b/#"]), t(5), t(5)),
+        Some(set(&["a/#"])),
+    )]);
 }
 
 #[test]
@@ -339,13 +366,11 @@ fn retry_keeps_declared_at_from_the_first_wait() {
         live_instances: vec![live("w1", &["a/#"])],
         ..register("d1", set(&["b/#"]), t(20))
     };
-    given(history_with_d1_waiting_since_t10())
-        .when(retry)
-        .then_expect_events(vec![waiting(
-            attempt("d1", set(&["b/#"]), t(10), t(20)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(history_with_d1_waiting_since_t10(), retry).then_expect_events(vec![waiting(
+        attempt("d1", set(&["b/#"]), t(10), t(20)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -369,12 +394,10 @@ fn eventual_install_carries_declared_at_of_the_whole_wait() {
         &["w1"],
     ));
     // w1 has gone: no live instances at t(30).
-    given(history)
-        .when(register("d1", set(&["b/#"]), t(30)))
-        .then_expect_events(vec![installed(
-            attempt("d1", set(&["b/#"]), t(10), t(30)),
-            Some(set(&["a/#"])),
-        )]);
+    given_when(history, register("d1", set(&["b/#"]), t(30))).then_expect_events(vec![installed(
+        attempt("d1", set(&["b/#"]), t(10), t(30)),
+        Some(set(&["a/#"])),
+    )]);
 }
 
 #[test]
@@ -383,13 +406,11 @@ fn asking_for_another_set_starts_a_new_wait_span() {
         live_instances: vec![live("w1", &["a/#"])],
         ..register("d1", set(&["c/#"]), t(20))
     };
-    given(history_with_d1_waiting_since_t10())
-        .when(cmd)
-        .then_expect_events(vec![waiting(
-            attempt("d1", set(&["c/#"]), t(20), t(20)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(history_with_d1_waiting_since_t10(), cmd).then_expect_events(vec![waiting(
+        attempt("d1", set(&["c/#"]), t(20), t(20)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -398,13 +419,11 @@ fn another_declarer_of_the_same_set_has_its_own_wait_span() {
         live_instances: vec![live("w1", &["a/#"])],
         ..register("d2", set(&["b/#"]), t(20))
     };
-    given(history_with_d1_waiting_since_t10())
-        .when(cmd)
-        .then_expect_events(vec![waiting(
-            attempt("d2", set(&["b/#"]), t(20), t(20)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(history_with_d1_waiting_since_t10(), cmd).then_expect_events(vec![waiting(
+        attempt("d2", set(&["b/#"]), t(20), t(20)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -433,13 +452,11 @@ fn callers_first_declared_at_wins_over_the_remembered_wait() {
         live_instances: vec![live("w1", &["a/#"])],
         ..register("d1", set(&["b/#"]), t(20))
     };
-    given(history_with_d1_waiting_since_t10())
-        .when(retry)
-        .then_expect_events(vec![waiting(
-            attempt("d1", set(&["b/#"]), t(7), t(20)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(history_with_d1_waiting_since_t10(), retry).then_expect_events(vec![waiting(
+        attempt("d1", set(&["b/#"]), t(7), t(20)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -480,13 +497,13 @@ fn another_topic_is_refused_naming_both_topics() {
         topic: topic("payments"),
         ..register("d1", set(&["b/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_error(DeclarationError::TopicMismatch {
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_error(
+        DeclarationError::TopicMismatch {
             group: group(GROUP),
             bound: topic(TOPIC),
             requested: topic("payments"),
-        });
+        },
+    );
 }
 
 #[test]
@@ -508,13 +525,13 @@ fn another_topic_is_refused_even_for_the_stored_set() {
         topic: topic("payments"),
         ..register("d1", set(&["a/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_error(DeclarationError::TopicMismatch {
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_error(
+        DeclarationError::TopicMismatch {
             group: group(GROUP),
             bound: topic(TOPIC),
             requested: topic("payments"),
-        });
+        },
+    );
 }
 
 #[test]
@@ -523,12 +540,12 @@ fn command_for_another_group_is_refused() {
         group: group("shipping"),
         ..register("d1", set(&["a/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_error(DeclarationError::WrongAggregate {
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_error(
+        DeclarationError::WrongAggregate {
             held: group(GROUP),
             requested: group("shipping"),
-        });
+        },
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -541,13 +558,11 @@ fn whole_topic_over_a_stored_set_waits_while_its_declarers_are_live() {
         live_instances: vec![live("w1", &["a/#"])],
         ..register("d1", whole_topic(), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_events(vec![waiting(
-            attempt("d1", whole_topic(), t(5), t(5)),
-            set(&["a/#"]),
-            &["w1"],
-        )]);
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_events(vec![waiting(
+        attempt("d1", whole_topic(), t(5), t(5)),
+        set(&["a/#"]),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -556,13 +571,11 @@ fn a_set_over_stored_whole_topic_waits_while_whole_topic_instances_are_live() {
         live_instances: vec![live("w1", &[])],
         ..register("d1", set(&["a/#"]), t(5))
     };
-    given(vec![stored("d0", whole_topic())])
-        .when(cmd)
-        .then_expect_events(vec![waiting(
-            attempt("d1", set(&["a/#"]), t(5), t(5)),
-            whole_topic(),
-            &["w1"],
-        )]);
+    given_when(vec![stored("d0", whole_topic())], cmd).then_expect_events(vec![waiting(
+        attempt("d1", set(&["a/#"]), t(5), t(5)),
+        whole_topic(),
+        &["w1"],
+    )]);
 }
 
 #[test]
@@ -578,7 +591,7 @@ fn whole_topic_over_whole_topic_joins() {
             effective: whole_topic(),
         }
     );
-    given(history.to_vec()).when(cmd).then_expect_events(vec![]);
+    given_when(history.to_vec(), cmd).then_expect_events(vec![]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -586,43 +599,69 @@ fn whole_topic_over_whole_topic_joins() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
-fn install_removes_the_installers_waiting_entry() {
+fn install_closes_the_installers_wait() {
     let mut history = history_with_d1_waiting_since_t10();
-    assert!(state(&history).waiting.contains_key(&declarer("d1")));
+    assert!(waits(&history).get(&declarer("d1")).is_some());
 
     history.push(installed(
         attempt("d1", set(&["b/#"]), t(10), t(30)),
         Some(set(&["a/#"])),
     ));
     let group = state(&history);
-    assert!(!group.waiting.contains_key(&declarer("d1")));
+    assert!(waits(&history).is_empty());
     assert_eq!(group.effective_set(), set(&["b/#"]));
     assert_eq!(group.installs, 2);
-    assert_eq!(group.open_waiters().count(), 0);
 }
 
 #[test]
-fn open_waiters_lists_a_waiter_whose_set_differs_from_the_effective_set() {
-    let group = state(&history_with_d1_waiting_since_t10());
-    let open: Vec<_> = group
-        .open_waiters()
-        .map(|w| w.attempt.declarer.clone())
+fn a_wait_is_open_with_its_set_and_first_declared_at() {
+    let open: Vec<_> = waits(&history_with_d1_waiting_since_t10())
+        .iter()
+        .map(|(who, wait)| (who.clone(), wait.clone()))
         .collect();
-    assert_eq!(open, vec![declarer("d1")]);
+    assert_eq!(
+        open,
+        vec![(
+            declarer("d1"),
+            OpenWait {
+                patterns: set(&["b/#"]),
+                declared_at: t(10),
+            }
+        )]
+    );
 }
 
 #[test]
-fn open_waiters_excludes_a_waiter_resolved_by_someone_else_installing_its_set() {
+fn someone_else_installing_the_awaited_set_closes_the_wait() {
     let mut history = history_with_d1_waiting_since_t10();
+    history.push(waiting(
+        attempt("d4", set(&["z/#"]), t(12), t(12)),
+        set(&["a/#"]),
+        &["w1"],
+    ));
     history.push(installed(
         attempt("d2", set(&["b/#"]), t(25), t(25)),
         Some(set(&["a/#"])),
     ));
-    let group = state(&history);
     // Someone else installing d1's set ends d1's wait: its entry goes, so a later change of
-    // the effective set cannot resurrect it as an open wait.
-    assert!(!group.waiting.contains_key(&declarer("d1")));
-    assert_eq!(group.open_waiters().count(), 0);
+    // the effective set cannot resurrect it as an open wait. d4 waits for another set.
+    let open: Vec<_> = waits(&history).iter().map(|(who, _)| who.clone()).collect();
+    assert_eq!(open, vec![declarer("d4")]);
+}
+
+#[test]
+fn the_aggregate_state_does_not_grow_with_waits() {
+    let mut history = vec![stored("d0", set(&["a/#"]))];
+    let one = state(&history);
+    for i in 0..100 {
+        history.push(waiting(
+            attempt(&format!("d{i}x"), set(&["b/#"]), t(i), t(i)),
+            set(&["a/#"]),
+            &["w1"],
+        ));
+    }
+    assert_eq!(state(&history), one);
+    assert_eq!(waits(&history).len(), 100);
 }
 
 #[test]
@@ -636,21 +675,36 @@ fn a_resolved_wait_does_not_come_back_when_the_set_changes_again() {
         attempt("d3", set(&["c/#"]), t(40), t(40)),
         Some(set(&["b/#"])),
     ));
-    let group = state(&history);
-    assert_eq!(group.open_waiters().count(), 0);
+    assert!(waits(&history).is_empty());
     // d1 asking for b/# again starts a new wait with a fresh declared_at.
-    let decision = decide(
-        &group,
-        &Register {
-            live_instances: vec![live("d3", &["c/#"])],
-            ..register("d1", set(&["b/#"]), t(90))
-        },
-    )
-    .unwrap();
+    let cmd = Register {
+        live_instances: vec![live("d3", &["c/#"])],
+        ..register("d1", set(&["b/#"]), t(90))
+    };
+    let decision = decide(&state(&history), &observed(&history, cmd)).unwrap();
     let DeclarationEvent::Waiting { attempt, .. } = &decision.events[0] else {
         panic!("expected a waiting event, got {decision:?}");
     };
     assert_eq!(attempt.declared_at, t(90));
+}
+
+#[test]
+fn an_open_wait_for_another_set_is_not_remembered() {
+    let cmd = Register {
+        live_instances: vec![live("w1", &["a/#"])],
+        open_wait: Some(OpenWait {
+            patterns: set(&["z/#"]),
+            declared_at: t(1),
+        }),
+        ..register("d1", set(&["b/#"]), t(20))
+    };
+    match decide(&state(&history_with_d1_waiting_since_t10()), &cmd)
+        .unwrap()
+        .outcome
+    {
+        RegisterOutcome::Waiting { declared_at, .. } => assert_eq!(declared_at, t(20)),
+        other => panic!("expected to wait, got {other:?}"),
+    }
 }
 
 #[test]
@@ -677,9 +731,7 @@ fn a_waiter_whose_set_was_installed_by_someone_else_joins() {
         attempt("d2", set(&["b/#"]), t(25), t(25)),
         Some(set(&["a/#"])),
     ));
-    given(history)
-        .when(register("d1", set(&["b/#"]), t(30)))
-        .then_expect_events(vec![]);
+    given_when(history, register("d1", set(&["b/#"]), t(30))).then_expect_events(vec![]);
 }
 
 #[test]
@@ -704,9 +756,7 @@ fn same_set_with_another_version_joins() {
         version: version("2.0.0"),
         ..register("d1", set(&["a/#"]), t(5))
     };
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
-        .then_expect_events(vec![]);
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd).then_expect_events(vec![]);
 }
 
 #[test]
@@ -717,8 +767,7 @@ fn version_is_recorded_on_the_attempt() {
     };
     let mut expected = attempt("d1", set(&["b/#"]), t(5), t(5));
     expected.version = version("2.0.0");
-    given(vec![stored("d0", set(&["a/#"]))])
-        .when(cmd)
+    given_when(vec![stored("d0", set(&["a/#"]))], cmd)
         .then_expect_events(vec![installed(expected, Some(set(&["a/#"])))]);
 }
 

@@ -1,7 +1,8 @@
 //! Wharf's read side: projections of the ledger and the queries that serve them.
 //!
 //! - Inline projectors (run in the append transaction): [`EffectiveBindings`], the effective
-//!   binding rows that claims read, and each group's effective declaration;
+//!   binding rows that claims read, and each group's effective declaration; [`OpenWaitRows`],
+//!   each group's open waits, which the register decision reads by key (ADR 0049);
 //!   [`ManagedSessions`], each durable MQTT session's exact managed-filter history;
 //!   [`SessionLeases`], each exclusive session's HA lease (read by the fencing guard).
 //! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
@@ -20,6 +21,7 @@ pub mod error;
 mod fused;
 pub mod lease;
 pub mod listing;
+pub mod open_waits;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod prune;
@@ -46,6 +48,7 @@ pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
 pub use lease::{session_leases, LeaseRow, SessionLeases};
 pub use listing::{GroupPage, GroupQuery, MemberQuery};
+pub use open_waits::OpenWaitRows;
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
 pub use session_views::{
@@ -66,6 +69,7 @@ const CATCH_UP_BATCH: i64 = 500;
 pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
     vec![
         Arc::new(EffectiveBindings),
+        Arc::new(OpenWaitRows),
         Arc::new(ManagedSessions),
         Arc::new(SessionLeases),
     ]
@@ -75,6 +79,7 @@ pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
 pub fn pg_inline() -> Vec<Arc<dyn PgProjector>> {
     vec![
         Arc::new(EffectiveBindings),
+        Arc::new(OpenWaitRows),
         Arc::new(ManagedSessions),
         Arc::new(SessionLeases),
     ]

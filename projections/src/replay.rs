@@ -20,7 +20,7 @@ use wharf_store::rebuild::{Decoded, ReplayEvent, ReplayTarget};
 use wharf_store::StoreError;
 
 /// The event's declaration, decoded once for both folds (`None` for other aggregates).
-fn declaration<'d>(
+pub(crate) fn declaration<'d>(
     event: &ReplayEvent<'_>,
     decoded: &'d mut Decoded,
 ) -> Result<Option<&'d DeclarationEvent>, StoreError> {
@@ -196,7 +196,7 @@ impl EffectiveFold {
 // SQLite writers
 // ---------------------------------------------------------------------------------------------
 
-fn json_list(list: &[String]) -> String {
+pub(crate) fn json_list(list: &[String]) -> String {
     serde_json::Value::from(list.to_vec()).to_string()
 }
 
@@ -268,14 +268,14 @@ impl SqliteReplay for EffectiveFold {
 
 /// Rows of one `COPY ... FROM STDIN` in text format.
 #[derive(Default)]
-struct CopyText {
+pub(crate) struct CopyText {
     text: String,
     fields: usize,
 }
 
 impl CopyText {
     /// Appends a field, escaped for COPY (`\`, tab, newline, carriage return).
-    fn field(&mut self, value: &str) {
+    pub(crate) fn field(&mut self, value: &str) {
         self.separate();
         for c in value.chars() {
             match c {
@@ -288,13 +288,13 @@ impl CopyText {
         }
     }
 
-    fn null(&mut self) {
+    pub(crate) fn null(&mut self) {
         self.separate();
         self.text.push_str("\\N");
     }
 
     /// A `text[]` as an array literal, every element quoted.
-    fn array(&mut self, list: &[String]) {
+    pub(crate) fn array(&mut self, list: &[String]) {
         let mut literal = String::from("{");
         for (i, item) in list.iter().enumerate() {
             if i > 0 {
@@ -314,13 +314,13 @@ impl CopyText {
     }
 
     /// A timestamptz exactly as sqlx binds one: microseconds, truncated.
-    fn time(&mut self, at: DateTime<Utc>) {
+    pub(crate) fn time(&mut self, at: DateTime<Utc>) {
         let micros = at.timestamp_micros();
         let exact = DateTime::from_timestamp_micros(micros).unwrap_or(at);
         self.field(&exact.to_rfc3339_opts(SecondsFormat::Micros, true));
     }
 
-    fn end_row(&mut self) {
+    pub(crate) fn end_row(&mut self) {
         self.text.push('\n');
         self.fields = 0;
     }
@@ -334,7 +334,11 @@ impl CopyText {
 }
 
 /// Sends `rows` through `COPY {target} FROM STDIN`, in chunks.
-async fn copy(conn: &mut PgConnection, target: &str, rows: CopyText) -> Result<(), StoreError> {
+pub(crate) async fn copy(
+    conn: &mut PgConnection,
+    target: &str,
+    rows: CopyText,
+) -> Result<(), StoreError> {
     if rows.text.is_empty() {
         return Ok(());
     }

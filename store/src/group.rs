@@ -1,14 +1,15 @@
 //! The consumer group as a [`LockedAggregate`]: the declaration side of the locked executor.
 //!
 //! A declaration attempt runs as one transaction (see [`crate::executor`]): lock the group's
-//! `consumer_group` row, load its events, observe its live instances and the store's time,
+//! `consumer_group` row, load its events, observe its live instances, the attempting
+//! declarer's open wait (its `open_wait` row, kept inline, ADR 0049) and the store's time,
 //! decide (a pure closure), append what the decision returns with inline projection, write the
 //! caller's heartbeat if the decision allows, commit. Concurrent attempts on one group
 //! serialize on the group row lock. The group- and queue-specific SQL of that transaction lives
 //! here, not in the executor.
 
 use async_trait::async_trait;
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension};
 use sqlx::PgConnection;
 
 use crate::error::StoreError;
@@ -27,6 +28,8 @@ pub struct GroupLock {
     pub group: String,
     /// The topic the group consumes (recorded on the group row when it is created).
     pub topic: String,
+    /// The attempting declarer, whose open wait the decision observes.
+    pub declarer: String,
     /// How old a heartbeat may be, by the store's clock, for its instance to count as live.
     pub instance_ttl: std::time::Duration,
     /// Load only events with a greater sequence: the caller already holds the group's state
@@ -43,8 +46,26 @@ pub struct LiveInstanceRow {
     pub patterns: Vec<String>,
 }
 
-/// What a group's decision sees: its events, its live instances and the store's time.
-pub type GroupSnapshot = Snapshot<Vec<LiveInstanceRow>>;
+/// The attempting declarer's open wait, observed inside the locked transaction.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct OpenWaitRow {
+    /// The set it waits for.
+    pub patterns: Vec<String>,
+    /// When it first stated that set.
+    pub declared_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// What a group's decision observes beside its events.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct GroupObserved {
+    /// The group's instances with a fresh heartbeat, by declarer.
+    pub live: Vec<LiveInstanceRow>,
+    /// The attempting declarer's open wait, if it has one.
+    pub open_wait: Option<OpenWaitRow>,
+}
+
+/// What a group's decision sees: its events, what it observes and the store's time.
+pub type GroupSnapshot = Snapshot<GroupObserved>;
 
 /// What a group's decision writes beside its events: the caller's heartbeat when it may
 /// consume, and the group's saved state when one is due (ADR 0034).
@@ -76,7 +97,7 @@ pub type GroupDecision<T, E> = Decision<T, E, GroupExtra>;
 /// group's routing cursor at the topic's head (ADR 0007).
 #[async_trait]
 impl LockedAggregate for GroupLock {
-    type Observed = Vec<LiveInstanceRow>;
+    type Observed = GroupObserved;
     type Extra = GroupExtra;
 
     fn aggregate_type(&self) -> &'static str {
@@ -111,11 +132,14 @@ impl LockedAggregate for GroupLock {
 
     fn pg_observe(&self, args: &mut CteStatement) -> Result<String, StoreError> {
         let ttl = args.bind(self.instance_ttl.as_secs_f64())?;
+        let declarer = args.bind(self.declarer.clone())?;
         Ok(format!(
-            "COALESCE((SELECT json_agg(json_build_object('declarer', declarer, \
-               'patterns', patterns) ORDER BY declarer) FROM worker_instance \
+            "json_build_object('live', COALESCE((SELECT json_agg(json_build_object('declarer', \
+               declarer, 'patterns', patterns) ORDER BY declarer) FROM worker_instance \
                WHERE group_name = $1 \
-               AND heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})), '[]'::json)"
+               AND heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})), '[]'::json), \
+             'open_wait', (SELECT json_build_object('patterns', patterns, 'declared_at', \
+               declared_at) FROM open_wait WHERE group_name = $1 AND declarer = {declarer}))"
         ))
     }
 
@@ -180,23 +204,11 @@ impl LockedAggregate for GroupLock {
         &self,
         tx: &rusqlite::Transaction<'_>,
         now: i64,
-    ) -> Result<Vec<LiveInstanceRow>, StoreError> {
-        let ttl = i64::try_from(self.instance_ttl.as_micros()).unwrap_or(i64::MAX);
-        let mut stmt = tx.prepare_cached(
-            "SELECT declarer, patterns FROM worker_instance \
-             WHERE group_name = ?1 AND heartbeat_at > ?2 ORDER BY declarer",
-        )?;
-        let rows = stmt.query_map(params![self.group, now.saturating_sub(ttl)], |row| {
-            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
-        })?;
-        rows.map(|row| {
-            let (declarer, patterns) = row?;
-            Ok(LiveInstanceRow {
-                declarer,
-                patterns: serde_json::from_str(&patterns).map_err(|e| StoreError::decode(0, e))?,
-            })
+    ) -> Result<GroupObserved, StoreError> {
+        Ok(GroupObserved {
+            live: self.sqlite_live(tx, now)?,
+            open_wait: self.sqlite_open_wait(tx)?,
         })
-        .collect()
     }
 
     fn sqlite_write_extra(
@@ -226,6 +238,55 @@ impl LockedAggregate for GroupLock {
             now
         ])?;
         Ok(())
+    }
+}
+
+impl GroupLock {
+    /// The group's instances whose heartbeat is fresher than the TTL at `now`.
+    fn sqlite_live(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        now: i64,
+    ) -> Result<Vec<LiveInstanceRow>, StoreError> {
+        let ttl = i64::try_from(self.instance_ttl.as_micros()).unwrap_or(i64::MAX);
+        let mut stmt = tx.prepare_cached(
+            "SELECT declarer, patterns FROM worker_instance \
+             WHERE group_name = ?1 AND heartbeat_at > ?2 ORDER BY declarer",
+        )?;
+        let rows = stmt.query_map(params![self.group, now.saturating_sub(ttl)], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?;
+        rows.map(|row| {
+            let (declarer, patterns) = row?;
+            Ok(LiveInstanceRow {
+                declarer,
+                patterns: serde_json::from_str(&patterns).map_err(|e| StoreError::decode(0, e))?,
+            })
+        })
+        .collect()
+    }
+
+    /// The attempting declarer's `open_wait` row, by key.
+    fn sqlite_open_wait(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+    ) -> Result<Option<OpenWaitRow>, StoreError> {
+        let row = tx
+            .prepare_cached(
+                "SELECT patterns, declared_at FROM open_wait \
+                 WHERE group_name = ?1 AND declarer = ?2",
+            )?
+            .query_row(params![self.group, self.declarer], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+            })
+            .optional()?;
+        let Some((patterns, declared_at)) = row else {
+            return Ok(None);
+        };
+        Ok(Some(OpenWaitRow {
+            patterns: serde_json::from_str(&patterns).map_err(|e| StoreError::decode(0, e))?,
+            declared_at: crate::event::from_micros(declared_at),
+        }))
     }
 }
 

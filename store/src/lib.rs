@@ -33,7 +33,10 @@ pub use event::{
     EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, Payload, RecordedEvent,
 };
 pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, StreamLock, Write};
-pub use group::{GroupDecision, GroupExtra, GroupLock, GroupSnapshot, GroupWrite, LiveInstanceRow};
+pub use group::{
+    GroupDecision, GroupExtra, GroupLock, GroupObserved, GroupSnapshot, GroupWrite,
+    LiveInstanceRow, OpenWaitRow,
+};
 pub use group_state::{SavedGroupState, StreamHead};
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{CteStatement, PgProjector, SqliteProjector};

@@ -37,6 +37,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(6, "sqlite", "0006_listing_indexes.sql"),
     migration!(7, "sqlite", "0007_session_lease.sql"),
     migration!(8, "sqlite", "0008_group_snapshot.sql"),
+    migration!(9, "sqlite", "0009_open_wait.sql"),
 ];
 
 /// The Postgres scripts.
@@ -57,6 +58,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(14, "postgres", "0014_event_payload_lz4.sql"),
     migration!(15, "postgres", "0015_listing_calls.sql"),
     migration!(16, "postgres", "0016_keyed_settle_calls.sql"),
+    migration!(17, "postgres", "0017_open_wait.sql"),
 ];
 
 /// The schema version this build needs.

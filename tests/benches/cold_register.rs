@@ -4,8 +4,10 @@
 //! Each group's ledger is one install by an incumbent kept live, then waits behind it. The
 //! first two events are written by the library; the rest are built with the domain's own
 //! `DeclarationEvent::Waiting` and metadata, exactly as an attempt writes them, and inserted
-//! with SQL in batches (a Waiting event has no inline projection; the catch-up projection is
-//! not on the register path). Two shapes:
+//! with SQL in batches. Their inline projection, the group's `open_wait` rows (ADR 0049), is
+//! then filled by the statement the migration backfills it with (`tests/tests/open_waits.rs`
+//! shows it leaves the rows the appends leave); the catch-up projection is not on the
+//! register path. Two shapes:
 //! - `retrying`: ten waiters retry forever, so the folded state stays ten waiters long;
 //! - `distinct`: every wait is a new declarer (each restart of a waiting deployment is one), so
 //!   the state itself grows with the ledger.
@@ -24,7 +26,7 @@ use chrono::{TimeDelta, Utc};
 use wharf::domain::{
     AppVersion, Attempt, BindingSet, DeclarationEvent, DeclarerId, GroupName, TopicName,
 };
-use wharf::store::{NewEvent, SavedGroupState, Store};
+use wharf::store::{migrate, NewEvent, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
 use wharf_tests::{Backend, TestStore};
 
@@ -116,6 +118,29 @@ async fn long_group(test: &TestStore, group: &str, events: usize, shape: Shape) 
         .collect();
     for batch in rows.chunks(10_000) {
         insert_waits(&test.store, group, batch.to_vec()).await;
+    }
+    fill_open_waits(&test.store).await;
+}
+
+/// The open waits the inserted events imply, by the migration's own backfill statement
+/// (which skips rows that exist).
+async fn fill_open_waits(store: &Store) {
+    match store {
+        Store::Sqlite(s) => {
+            let script = migrate::SQLITE.last().expect("SQLite migrations");
+            assert!(script.name.contains("open_wait"), "{}", script.name);
+            s.write(move |ctx| {
+                ctx.tx.execute_batch(script.sql)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        }
+        Store::Postgres(s) => {
+            let script = migrate::POSTGRES.last().expect("Postgres migrations");
+            assert!(script.name.contains("open_wait"), "{}", script.name);
+            sqlx::raw_sql(script.sql).execute(s.pool()).await.unwrap();
+        }
     }
 }
 

@@ -2,8 +2,10 @@
 //! has 100k events, with statistics taken while `events` was empty.
 //!
 //! A warm attempt (the process holds the group's state up to a recent sequence) must read only
-//! the events after that sequence and the stream's head by a walk of the key: a bounded number
-//! of buffers whatever the stream's length, under custom and generic plans alike. (The head
+//! the events after that sequence, the stream's head by a walk of the key and its declarer's
+//! own open wait by key (ADR 0049; the group has 50k open waits here, its neighbours 50 each):
+//! a bounded number of buffers whatever the stream's length, under custom and generic plans
+//! alike. The install's delete of the open waits it closes is held to the group's own rows. (The head
 //! was once `MAX(sequence)`, which the cold_register bench caught reading the whole stream on
 //! each attempt; on this table Postgres plans that form as a one-entry backward scan too, so
 //! the bound is shown to catch a read of the whole stream instead.)
@@ -40,6 +42,7 @@ fn warm_lock() -> GroupLock {
     GroupLock {
         group: "long".to_owned(),
         topic: "orders".to_owned(),
+        declarer: "waiter-77".to_owned(),
         instance_ttl: std::time::Duration::from_secs(30),
         after_sequence: HELD,
     }
@@ -104,6 +107,7 @@ async fn a_warm_snapshot_read_is_bounded_whatever_the_streams_length() {
     .execute(&mut *conn)
     .await
     .unwrap();
+    fill_open_waits(&mut conn).await;
 
     for (mode, buffers, scans) in explain(&mut conn, str::to_owned).await {
         assert_eq!(scans, 0, "the warm snapshot ({mode}) scanned events");
@@ -127,6 +131,69 @@ async fn a_warm_snapshot_read_is_bounded_whatever_the_streams_length() {
         assert!(
             scans > 0 || buffers > WARM,
             "a read of the whole stream ({mode}) was not caught: {buffers} buffers"
+        );
+    }
+}
+
+/// 50k open waits in the long group and 50 in each of 1,000 others (statistics still say
+/// `open_wait` is empty).
+async fn fill_open_waits(conn: &mut sqlx::PgConnection) {
+    sqlx::query(
+        "INSERT INTO open_wait (group_name, declarer, patterns, declared_at) \
+         SELECT 'long', 'waiter-' || i, ARRAY['orders/' || (i % 7) || '/#'], clock_timestamp() \
+         FROM generate_series(1, 50000) i \
+         UNION ALL \
+         SELECT 'g' || (i % 1000), 'waiter-' || i, ARRAY['orders/#'], clock_timestamp() \
+         FROM generate_series(1, 50000) i",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+}
+
+/// The open-wait delete an install in a small group makes, fused into its insert (ADR 0049):
+/// on the group's key, under custom and generic plans, with statistics from an empty table.
+#[tokio::test]
+async fn an_install_closes_open_waits_by_the_groups_key() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(store) = &test.store else {
+        unreachable!("a Postgres test store")
+    };
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    fill_open_waits(&mut conn).await;
+    let delete = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) DELETE FROM open_wait \
+        WHERE group_name = $1 AND (declarer = $2 OR patterns = $3::text[])";
+    let mut found = Vec::new();
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        for (group, closes) in [("g7", 50), ("g8", 0)] {
+            let patterns = if closes > 0 { "orders/#" } else { "orders/x" };
+            // EXPLAIN ANALYZE deletes: every run is rolled back.
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+            let (plan,): (Value,) = sqlx::query_as(delete)
+                .bind(group)
+                .bind("someone")
+                .bind(vec![patterns])
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            tx.rollback().await.unwrap();
+            let root = &plan[0]["Plan"];
+            let deleted = root["Plans"][0]["Actual Rows"].as_i64().unwrap_or(-1);
+            found.push((mode, group, buffers(root), deleted, closes));
+        }
+    }
+    for (mode, group, buffers, deleted, closes) in found {
+        assert_eq!(deleted, closes, "{mode} on {group}: rows closed");
+        // The group's 50 rows (each on a page of its own here, all read to compare their
+        // sets) and their index entries, not the table's 100k rows (over 1,000 pages).
+        assert!(
+            buffers <= 3 * 50 + 20,
+            "the install's open-wait delete ({mode}, {group}) touched {buffers} buffers"
         );
     }
 }

@@ -20,7 +20,7 @@ use wharf::domain::{
     DeclarerId, GroupName, RegisterOutcome, GROUP_STATE_FORMAT,
 };
 use wharf::projections::PruneOptions;
-use wharf::store::{SavedGroupState, Store};
+use wharf::store::{RebuildMode, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
@@ -235,12 +235,20 @@ async fn snapshot_before_prune(backend: Backend) {
         .await
         .unwrap();
     assert!(pruned.deleted > 0, "{pruned:?}");
+    // The state holds no waits (ADR 0049), and a prune deletes waits only: the pruned ledger
+    // still folds to the snapshot at its sequence. The open waits, kept inline, are what a
+    // replay of the pruned ledger gives.
     let snapshot_state = decode_group_state(before.format, &before.state).unwrap();
-    assert_ne!(
+    assert_eq!(
         fold_through(&test.store, before.sequence).await,
         snapshot_state,
-        "the prune removed waits at or below the snapshot whose newer events are above it"
     );
+    let replayed = writer
+        .read_model()
+        .rebuild(RebuildMode::Verify, std::sync::Arc::new(|_, _| {}))
+        .await
+        .unwrap();
+    assert!(replayed.is_clean(), "{replayed:?}");
     let report = writer.read_model().verify_snapshots().await.unwrap();
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.checked, 1);
@@ -350,7 +358,7 @@ async fn old_format(backend: Backend) {
     // A row in a format this build does not read, whose text would decode into a wrong state
     // if it were read as the current format.
     let mut wrong = decode_group_state(current.format, &current.state).unwrap();
-    wrong.waiting.clear();
+    wrong.effective = None;
     wrong.installs = 0;
     test.store
         .save_group_state(SavedGroupState {
@@ -379,6 +387,44 @@ on_both_backends!(
     old_format
 );
 
+/// Format 1 (before ADR 0049) carried every waiter's newest attempt beside the effective
+/// declaration: it is read with that map skipped, and rewritten in the current format.
+async fn format_1(backend: Backend) {
+    let test = TestStore::new(backend).await;
+    let writer = wharf_for(&test, EVERY);
+    workload(&test, &writer, 2).await;
+    let current = saved(&test.store).await;
+    let mut text: serde_json::Value = serde_json::from_str(&current.state).unwrap();
+    text["waiting"] = serde_json::json!({
+        "waiter-0": {"attempt": {"declarer": "waiter-0"}, "incumbent": ["orders/#"]}
+    });
+    test.store
+        .save_group_state(SavedGroupState {
+            format: 1,
+            state: text.to_string(),
+            ..current.clone()
+        })
+        .await
+        .unwrap();
+    let report = writer.read_model().verify_snapshots().await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert!(report.ignored.is_empty(), "format 1 is read: {report:?}");
+    cold_register_matches_full_fold(&test, "waiter-2", 2).await;
+    let rewritten = saved(&test.store).await;
+    assert_eq!(rewritten.format, GROUP_STATE_FORMAT);
+    assert!(!rewritten.state.contains("waiting"), "{}", rewritten.state);
+    let (head, truth) = full_fold(&test.store).await;
+    assert_eq!(rewritten.sequence, head);
+    assert_eq!(
+        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
+        truth
+    );
+}
+on_both_backends!(
+    a_snapshot_of_format_1_is_read_without_its_waiters_and_rewritten,
+    format_1
+);
+
 async fn wrong_snapshot(backend: Backend) {
     let test = TestStore::new(backend).await;
     let writer = wharf_for(&test, EVERY);
@@ -387,7 +433,7 @@ async fn wrong_snapshot(backend: Backend) {
     assert!(clean.is_clean() && clean.checked == 1, "{clean:?}");
     let current = saved(&test.store).await;
     let mut wrong = decode_group_state(current.format, &current.state).unwrap();
-    wrong.waiting.clear();
+    wrong.installs += 1;
     test.store
         .save_group_state(SavedGroupState {
             state: encode_group_state(&wrong),

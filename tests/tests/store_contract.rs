@@ -992,6 +992,7 @@ fn lock(group: &str, ttl: Duration) -> GroupLock {
     GroupLock {
         group: group.to_owned(),
         topic: "orders".to_owned(),
+        declarer: "observer".to_owned(),
         instance_ttl: ttl,
         after_sequence: 0,
     }
@@ -1003,6 +1004,7 @@ async fn live_declarers(store: &Store, group: &str, ttl: Duration) -> Vec<String
         .execute_group(lock(group, ttl), |snapshot| {
             let live = snapshot
                 .observed
+                .live
                 .iter()
                 .map(|i| i.declarer.clone())
                 .collect();
@@ -1028,7 +1030,8 @@ async fn worker_instances_follow_heartbeats(backend: Backend) {
     };
     let observed_now = store
         .execute_group(lock("g1", LONG_TTL), move |snapshot| {
-            assert!(snapshot.observed.is_empty());
+            assert!(snapshot.observed.live.is_empty());
+            assert!(snapshot.observed.open_wait.is_none());
             assert!(snapshot.events.is_empty());
             Ok::<_, Infallible>((
                 GroupWrite {
@@ -1398,10 +1401,12 @@ async fn postgres_es_reads_the_wharf_ledger() {
     assert_eq!(folded_theirs, folded_ours);
     assert_eq!(folded_ours.installs, 2);
     assert_eq!(folded_ours.effective_set(), new.bindings);
-    assert!(
-        folded_ours.waiting.is_empty(),
-        "b's own install ended its wait"
-    );
+    let open: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM open_wait WHERE group_name = 'interop'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(open, 0, "b's own install ended its wait");
 
     // And through cqrs-es's own event store, the way a CqrsFramework would load it.
     let event_store =

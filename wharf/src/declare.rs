@@ -11,9 +11,10 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use cqrs_es::Aggregate;
 use wharf_domain::{
-    decide, decode_group_state, encode_group_state, fold_group, AppVersion, BindingSet,
-    ConsumerGroup, DeclarationError, DeclarationEvent, DeclarerId, GroupName, LiveInstance,
-    Register, RegisterOutcome, TopicName, ValidationError, GROUP_STATE_FORMAT,
+    decide, decode_group_state, encode_group_state, fold_group, is_current_format, AppVersion,
+    BindingSet, ConsumerGroup, DeclarationError, DeclarationEvent, DeclarerId, GroupName,
+    LiveInstance, OpenWait, Register, RegisterOutcome, TopicName, ValidationError,
+    GROUP_STATE_FORMAT,
 };
 use wharf_store::{
     GroupExtra, GroupLock, GroupSnapshot, GroupWrite, Heartbeat, NewEvent, SavedGroupState, Store,
@@ -155,6 +156,7 @@ impl Attempter<'_> {
             let lock = GroupLock {
                 group: group.to_owned(),
                 topic: registration.topic.to_string(),
+                declarer: self.declarer.to_string(),
                 instance_ttl: self.instance_ttl,
                 after_sequence: start.sequence,
             };
@@ -194,11 +196,12 @@ impl Attempter<'_> {
             return Ok(Held::empty(false));
         };
         match decode_group_state(saved.format, &saved.state) {
+            // A state in an older format is rewritten at the next attempt.
             Ok(state) => Ok(Held {
                 sequence: saved.sequence,
                 state,
                 saved_at: saved.sequence,
-                rewrite: false,
+                rewrite: !is_current_format(saved.format),
             }),
             Err(refused) => {
                 tracing::warn!(
@@ -241,6 +244,7 @@ fn decision(
             first_declared_at,
             now: snapshot.now,
             live_instances: live_instances(snapshot).map_err(AttemptError::Corrupt)?,
+            open_wait: open_wait(snapshot).map_err(AttemptError::Corrupt)?,
         };
         let decision = match decide(&held.state, &command) {
             Ok(decision) => decision,
@@ -301,6 +305,7 @@ fn fold(state: &mut ConsumerGroup, snapshot: &GroupSnapshot) -> Result<(), Store
 fn live_instances(snapshot: &GroupSnapshot) -> Result<Vec<LiveInstance>, StoreError> {
     snapshot
         .observed
+        .live
         .iter()
         .map(|row| {
             Ok(LiveInstance {
@@ -310,4 +315,15 @@ fn live_instances(snapshot: &GroupSnapshot) -> Result<Vec<LiveInstance>, StoreEr
             })
         })
         .collect()
+}
+
+/// The attempting declarer's open wait, as the store observed it.
+fn open_wait(snapshot: &GroupSnapshot) -> Result<Option<OpenWait>, StoreError> {
+    let Some(row) = &snapshot.observed.open_wait else {
+        return Ok(None);
+    };
+    Ok(Some(OpenWait {
+        patterns: BindingSet::parse(&row.patterns).map_err(|e| StoreError::decode(0, e))?,
+        declared_at: row.declared_at,
+    }))
 }
