@@ -5,7 +5,8 @@
 //! the events after that sequence, the stream's head by a walk of the key and its declarer's
 //! own open wait by key (ADR 0049; the group has 50k open waits here, its neighbours 50 each):
 //! a bounded number of buffers whatever the stream's length, under custom and generic plans
-//! alike. The install's delete of the open waits it closes is held to the group's own rows. (The head
+//! alike. An install's deletes (the open waits it closes, the binding rows of the set it
+//! replaces) are held to the group's own rows. (The head
 //! was once `MAX(sequence)`, which the cold_register bench caught reading the whole stream on
 //! each attempt; on this table Postgres plans that form as a one-entry backward scan too, so
 //! the bound is shown to catch a read of the whole stream instead.)
@@ -194,6 +195,53 @@ async fn an_install_closes_open_waits_by_the_groups_key() {
         assert!(
             buffers <= 3 * 50 + 20,
             "the install's open-wait delete ({mode}, {group}) touched {buffers} buffers"
+        );
+    }
+}
+
+/// The install's delete of the binding rows its set no longer holds (`EffectiveBindings`,
+/// fused into the event's insert): on the group's key, under custom and generic plans, with
+/// statistics taken while `binding` was empty and 100k rows of 1,000 groups there now.
+#[tokio::test]
+async fn an_install_replaces_binding_rows_by_the_groups_key() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(store) = &test.store else {
+        unreachable!("a Postgres test store")
+    };
+    let mut conn = store.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    sqlx::query(
+        "INSERT INTO binding (group_name, pattern) \
+         SELECT 'g' || (i % 1000), 'orders/' || i || '/#' FROM generate_series(1, 100000) i",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let delete = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) DELETE FROM binding \
+        WHERE group_name = $1 AND pattern <> ALL($2::text[])";
+    for mode in ["force_custom_plan", "force_generic_plan"] {
+        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        // EXPLAIN ANALYZE deletes: rolled back.
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        let (plan,): (Value,) = sqlx::query_as(delete)
+            .bind("g7")
+            .bind(vec!["orders/7/#"])
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        let root = &plan[0]["Plan"];
+        let deleted = root["Plans"][0]["Actual Rows"].as_i64().unwrap_or(-1);
+        let buffers = buffers(root);
+        assert_eq!(deleted, 99, "{mode}: the group's other rows");
+        // The group's 100 rows (each on a page of its own here) and their index entries, not
+        // the table's 100k rows (over 500 pages).
+        assert!(
+            buffers <= 3 * 100 + 20,
+            "the install's binding delete ({mode}) touched {buffers} buffers"
         );
     }
 }
