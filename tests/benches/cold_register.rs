@@ -28,7 +28,7 @@ use wharf::domain::{
 };
 use wharf::store::{migrate, NewEvent, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{Backend, TestStore};
+use wharf_tests::{keep_live, Backend, TestStore};
 
 const ROUNDS: usize = 3;
 const COLD_PER_ROUND: usize = 4;
@@ -85,7 +85,7 @@ fn waiter(shape: Shape, i: usize) -> String {
 async fn long_group(test: &TestStore, group: &str, events: usize, shape: Shape) {
     let wharf = wharf_for(test, 0);
     register(&wharf, group, "incumbent", INCUMBENT_SET).await;
-    keep_live(&test.store, group).await;
+    keep_live(&test.store, group, "incumbent", INCUMBENT_SET).await;
     register(&wharf, group, &waiter(shape, 0), WAITER_SET).await;
     let start = Utc::now();
     let attempt = |i: usize| Attempt {
@@ -177,40 +177,6 @@ async fn insert_waits(store: &Store, group: &str, rows: Vec<(i64, String, String
             .bind(&sequences)
             .bind(&payloads)
             .bind(&metadata)
-            .execute(s.pool())
-            .await
-            .unwrap();
-        }
-    }
-}
-
-/// Keeps the incumbent live for a day, by the store's clock.
-async fn keep_live(store: &Store, group: &str) {
-    let patterns: Vec<String> = INCUMBENT_SET.iter().map(|p| (*p).to_owned()).collect();
-    match store {
-        Store::Sqlite(s) => {
-            let group = group.to_owned();
-            let patterns = serde_json::to_string(&patterns).unwrap();
-            s.write(move |ctx| {
-                let until = ctx.now.timestamp_micros() + 86_400_000_000;
-                ctx.tx.execute(
-                    "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                     started_at, heartbeat_at) VALUES (?1, 'incumbent', 'orders', '1', ?2, ?3, ?3)",
-                    rusqlite::params![group, patterns, until],
-                )?;
-                Ok(())
-            })
-            .await
-            .unwrap();
-        }
-        Store::Postgres(s) => {
-            sqlx::query(
-                "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                 started_at, heartbeat_at) VALUES ($1, 'incumbent', 'orders', '1', $2, now(), \
-                 now() + interval '1 day')",
-            )
-            .bind(group)
-            .bind(&patterns)
             .execute(s.pool())
             .await
             .unwrap();

@@ -200,6 +200,45 @@ where
     }
 }
 
+/// Makes `declarer` a live instance of `group` declaring `patterns` for a day by the store's
+/// clock (an upsert of its `worker_instance` row), without a `Wharf` heartbeating it.
+pub async fn keep_live(store: &Store, group: &str, declarer: &str, patterns: &[&str]) {
+    let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+    match store {
+        Store::Sqlite(s) => {
+            let (group, declarer) = (group.to_owned(), declarer.to_owned());
+            let patterns = serde_json::to_string(&patterns).expect("a list of strings");
+            s.write(move |ctx| {
+                let until = ctx.now.timestamp_micros() + 86_400_000_000;
+                ctx.tx.execute(
+                    "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
+                     started_at, heartbeat_at) VALUES (?1, ?2, 'orders', '1', ?3, ?4, ?4) \
+                     ON CONFLICT (group_name, declarer) DO UPDATE SET patterns = excluded.patterns, \
+                     heartbeat_at = excluded.heartbeat_at",
+                    rusqlite::params![group, declarer, patterns, until],
+                )?;
+                Ok(())
+            })
+            .await
+            .expect("an instance row on SQLite");
+        }
+        Store::Postgres(s) => {
+            sqlx::query(
+                "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
+                 started_at, heartbeat_at) VALUES ($1, $2, 'orders', '1', $3, now(), \
+                 now() + interval '1 day') ON CONFLICT (group_name, declarer) DO UPDATE SET \
+                 patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
+            )
+            .bind(group)
+            .bind(declarer)
+            .bind(&patterns)
+            .execute(s.pool())
+            .await
+            .expect("an instance row on Postgres");
+        }
+    }
+}
+
 /// Runs an async test body once per backend, each in its own `#[tokio::test]`.
 #[macro_export]
 macro_rules! on_both_backends {

@@ -13,6 +13,7 @@
 
 use serde_json::Value;
 use sqlx::postgres::PgArguments;
+use sqlx::Arguments;
 use wharf::store::{GroupLock, Store};
 use wharf_store::postgres::snapshot_read_statement;
 use wharf_tests::{Backend, TestStore};
@@ -88,11 +89,7 @@ async fn explain(
 #[tokio::test]
 async fn a_warm_snapshot_read_is_bounded_whatever_the_streams_length() {
     let test = TestStore::new(Backend::Postgres).await;
-    let Store::Postgres(store) = &test.store else {
-        unreachable!("a Postgres test store")
-    };
-    let mut conn = store.pool().acquire().await.unwrap();
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    let mut conn = analyzed_while_empty(&test).await;
     // The long group's stream, and as many events of 1,000 other groups around it.
     sqlx::query(
         "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, \
@@ -152,50 +149,69 @@ async fn fill_open_waits(conn: &mut sqlx::PgConnection) {
     .unwrap();
 }
 
-/// The open-wait delete an install in a small group makes, fused into its insert (ADR 0049):
-/// on the group's key, under custom and generic plans, with statistics from an empty table.
-#[tokio::test]
-async fn an_install_closes_open_waits_by_the_groups_key() {
-    let test = TestStore::new(Backend::Postgres).await;
+/// `delete` (a DELETE statement) under `mode`, explained with ANALYZE inside a transaction
+/// that is rolled back: its buffers, and the rows it deleted.
+async fn explain_delete(
+    conn: &mut sqlx::PgConnection,
+    mode: &str,
+    delete: &str,
+    args: PgArguments,
+) -> (i64, i64) {
+    sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let (plan,): (Value,) = sqlx::query_as_with(
+        &format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {delete}"),
+        args,
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap_or_else(|e| panic!("explaining {delete}: {e}"));
+    tx.rollback().await.unwrap();
+    let root = &plan[0]["Plan"];
+    let deleted = root["Plans"][0]["Actual Rows"].as_i64().unwrap_or(-1);
+    (buffers(root), deleted)
+}
+
+/// A Postgres test store's connection, after `ANALYZE` of its empty tables.
+async fn analyzed_while_empty(test: &TestStore) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
     let Store::Postgres(store) = &test.store else {
         unreachable!("a Postgres test store")
     };
     let mut conn = store.pool().acquire().await.unwrap();
     sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    conn
+}
+
+const MODES: [&str; 2] = ["force_custom_plan", "force_generic_plan"];
+
+/// The open-wait delete an install in a small group makes, fused into its insert (ADR 0049):
+/// on the group's key, under custom and generic plans, with statistics from an empty table.
+#[tokio::test]
+async fn an_install_closes_open_waits_by_the_groups_key() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let mut conn = analyzed_while_empty(&test).await;
     fill_open_waits(&mut conn).await;
-    let delete = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) DELETE FROM open_wait \
+    let delete = "DELETE FROM open_wait \
         WHERE group_name = $1 AND (declarer = $2 OR patterns = $3::text[])";
-    let mut found = Vec::new();
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+    for mode in MODES {
         for (group, closes) in [("g7", 50), ("g8", 0)] {
             let patterns = if closes > 0 { "orders/#" } else { "orders/x" };
-            // EXPLAIN ANALYZE deletes: every run is rolled back.
-            let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-            let (plan,): (Value,) = sqlx::query_as(delete)
-                .bind(group)
-                .bind("someone")
-                .bind(vec![patterns])
-                .fetch_one(&mut *tx)
-                .await
-                .unwrap();
-            tx.rollback().await.unwrap();
-            let root = &plan[0]["Plan"];
-            let deleted = root["Plans"][0]["Actual Rows"].as_i64().unwrap_or(-1);
-            found.push((mode, group, buffers(root), deleted, closes));
+            let mut args = PgArguments::default();
+            args.add(group).unwrap();
+            args.add("someone").unwrap();
+            args.add(vec![patterns]).unwrap();
+            let (buffers, deleted) = explain_delete(&mut conn, mode, delete, args).await;
+            assert_eq!(deleted, closes, "{mode} on {group}: rows closed");
+            // The group's 50 rows (each on a page of its own here, all read to compare their
+            // sets) and their index entries, not the table's 100k rows (over 1,000 pages).
+            assert!(
+                buffers <= 3 * 50 + 20,
+                "the install's open-wait delete ({mode}, {group}) touched {buffers} buffers"
+            );
         }
-    }
-    for (mode, group, buffers, deleted, closes) in found {
-        assert_eq!(deleted, closes, "{mode} on {group}: rows closed");
-        // The group's 50 rows (each on a page of its own here, all read to compare their
-        // sets) and their index entries, not the table's 100k rows (over 1,000 pages).
-        assert!(
-            buffers <= 3 * 50 + 20,
-            "the install's open-wait delete ({mode}, {group}) touched {buffers} buffers"
-        );
     }
 }
 
@@ -205,11 +221,7 @@ async fn an_install_closes_open_waits_by_the_groups_key() {
 #[tokio::test]
 async fn an_install_replaces_binding_rows_by_the_groups_key() {
     let test = TestStore::new(Backend::Postgres).await;
-    let Store::Postgres(store) = &test.store else {
-        unreachable!("a Postgres test store")
-    };
-    let mut conn = store.pool().acquire().await.unwrap();
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    let mut conn = analyzed_while_empty(&test).await;
     sqlx::query(
         "INSERT INTO binding (group_name, pattern) \
          SELECT 'g' || (i % 1000), 'orders/' || i || '/#' FROM generate_series(1, 100000) i",
@@ -217,25 +229,12 @@ async fn an_install_replaces_binding_rows_by_the_groups_key() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let delete = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) DELETE FROM binding \
-        WHERE group_name = $1 AND pattern <> ALL($2::text[])";
-    for mode in ["force_custom_plan", "force_generic_plan"] {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        // EXPLAIN ANALYZE deletes: rolled back.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let (plan,): (Value,) = sqlx::query_as(delete)
-            .bind("g7")
-            .bind(vec!["orders/7/#"])
-            .fetch_one(&mut *tx)
-            .await
-            .unwrap();
-        tx.rollback().await.unwrap();
-        let root = &plan[0]["Plan"];
-        let deleted = root["Plans"][0]["Actual Rows"].as_i64().unwrap_or(-1);
-        let buffers = buffers(root);
+    let delete = "DELETE FROM binding WHERE group_name = $1 AND pattern <> ALL($2::text[])";
+    for mode in MODES {
+        let mut args = PgArguments::default();
+        args.add("g7").unwrap();
+        args.add(vec!["orders/7/#"]).unwrap();
+        let (buffers, deleted) = explain_delete(&mut conn, mode, delete, args).await;
         assert_eq!(deleted, 99, "{mode}: the group's other rows");
         // The group's 100 rows (each on a page of its own here) and their index entries, not
         // the table's 100k rows (over 500 pages).

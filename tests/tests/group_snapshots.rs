@@ -22,7 +22,7 @@ use wharf::domain::{
 use wharf::projections::PruneOptions;
 use wharf::store::{RebuildMode, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{on_both_backends, Backend, TestStore};
+use wharf_tests::{keep_live, on_both_backends, Backend, TestStore};
 
 const GROUP: &str = "snap";
 const EVERY: u64 = 10;
@@ -56,40 +56,7 @@ async fn register(wharf: &Wharf, declarer: &str, k: usize) -> RegisterOutcome {
 
 /// Makes `declarer` a live instance declaring set `k` for a day, by the store's clock.
 async fn live(store: &Store, declarer: &str, k: usize) {
-    let patterns: Vec<String> = set(k).iter().map(|p| (*p).to_owned()).collect();
-    match store {
-        Store::Sqlite(s) => {
-            let declarer = declarer.to_owned();
-            let patterns = serde_json::to_string(&patterns).unwrap();
-            s.write(move |ctx| {
-                let until = ctx.now.timestamp_micros() + 86_400_000_000;
-                ctx.tx.execute(
-                    "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                     started_at, heartbeat_at) VALUES (?1, ?2, 'orders', '1', ?3, ?4, ?4) \
-                     ON CONFLICT (group_name, declarer) DO UPDATE SET patterns = excluded.patterns, \
-                     heartbeat_at = excluded.heartbeat_at",
-                    rusqlite::params![GROUP, declarer, patterns, until],
-                )?;
-                Ok(())
-            })
-            .await
-            .unwrap();
-        }
-        Store::Postgres(s) => {
-            sqlx::query(
-                "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                 started_at, heartbeat_at) VALUES ($1, $2, 'orders', '1', $3, now(), \
-                 now() + interval '1 day') ON CONFLICT (group_name, declarer) DO UPDATE SET \
-                 patterns = excluded.patterns, heartbeat_at = excluded.heartbeat_at",
-            )
-            .bind(GROUP)
-            .bind(declarer)
-            .bind(&patterns)
-            .execute(s.pool())
-            .await
-            .unwrap();
-        }
-    }
+    keep_live(store, GROUP, declarer, set(k)).await;
 }
 
 /// The group's stream folded from its first event, and its newest sequence.

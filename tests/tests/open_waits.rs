@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use wharf::domain::{DeclarerId, RegisterOutcome};
 use wharf::store::{migrate, RebuildMode, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{on_both_backends, Backend, TestStore};
+use wharf_tests::{keep_live, on_both_backends, Backend, TestStore};
 
 const TOPIC: &str = "orders";
 
@@ -38,41 +38,6 @@ fn installed(outcome: &RegisterOutcome) {
         matches!(outcome, RegisterOutcome::Installed { .. }),
         "expected an install, got {outcome:?}"
     );
-}
-
-/// Makes `declarer` a live instance of `group` declaring `set` for a day.
-async fn live(store: &Store, group: &str, declarer: &str, set: &[&str]) {
-    let patterns: Vec<String> = set.iter().map(|p| (*p).to_owned()).collect();
-    match store {
-        Store::Sqlite(s) => {
-            let (group, declarer) = (group.to_owned(), declarer.to_owned());
-            let patterns = serde_json::to_string(&patterns).unwrap();
-            s.write(move |ctx| {
-                let until = ctx.now.timestamp_micros() + 86_400_000_000;
-                ctx.tx.execute(
-                    "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                     started_at, heartbeat_at) VALUES (?1, ?2, 'orders', '1', ?3, ?4, ?4)",
-                    rusqlite::params![group, declarer, patterns, until],
-                )?;
-                Ok(())
-            })
-            .await
-            .unwrap();
-        }
-        Store::Postgres(s) => {
-            sqlx::query(
-                "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
-                 started_at, heartbeat_at) VALUES ($1, $2, 'orders', '1', $3, now(), \
-                 now() + interval '1 day')",
-            )
-            .bind(group)
-            .bind(declarer)
-            .bind(&patterns)
-            .execute(s.pool())
-            .await
-            .unwrap();
-        }
-    }
 }
 
 async fn rows(store: &Store) -> Vec<Row> {
@@ -128,7 +93,7 @@ async fn retry_keeps_its_first_wait(backend: Backend) {
     let test = TestStore::new(backend).await;
     let first = test.steady_wharf();
     installed(&register(&first, "g", "incumbent", &["orders/a/#"]).await);
-    live(&test.store, "g", "incumbent", &["orders/a/#"]).await;
+    keep_live(&test.store, "g", "incumbent", &["orders/a/#"]).await;
     let since = waiting_since(&register(&first, "g", "d1", &["orders/b/#"]).await);
     assert_eq!(
         rows(&test.store).await,
@@ -172,7 +137,7 @@ async fn mixed_waits(test: &TestStore) -> Vec<Row> {
     let wharf = test.steady_wharf();
     for group in ["alpha", "beta", "gamma"] {
         installed(&register(&wharf, group, "incumbent", &["orders/a/#"]).await);
-        live(&test.store, group, "incumbent", &["orders/a/#"]).await;
+        keep_live(&test.store, group, "incumbent", &["orders/a/#"]).await;
         for (who, set) in [
             ("w1", &["orders/b/#"][..]),
             ("w2", &["orders/b/#"][..]),
