@@ -167,15 +167,24 @@ impl OpenWaits {
                 self.0.remove(&attempt.declarer);
                 self.0.retain(|_, wait| !closes(attempt, wait));
             }
-            DeclarationEvent::Waiting { attempt, .. } => {
-                self.0.insert(
-                    attempt.declarer.clone(),
-                    OpenWait {
-                        patterns: attempt.patterns.clone(),
-                        declared_at: attempt.declared_at,
-                    },
-                );
-            }
+            // A retry (the common case) updates its entry in place, copying nothing.
+            DeclarationEvent::Waiting { attempt, .. } => match self.0.get_mut(&attempt.declarer) {
+                Some(wait) => {
+                    if wait.patterns != attempt.patterns {
+                        wait.patterns = attempt.patterns.clone();
+                    }
+                    wait.declared_at = attempt.declared_at;
+                }
+                None => {
+                    self.0.insert(
+                        attempt.declarer.clone(),
+                        OpenWait {
+                            patterns: attempt.patterns.clone(),
+                            declared_at: attempt.declared_at,
+                        },
+                    );
+                }
+            },
         }
     }
 
