@@ -23,6 +23,10 @@ pub struct SavedGroupState {
     pub format: i32,
     /// The state, opaque to the store.
     pub state: String,
+    /// Read back only (ignored when writing): the stream's event at `sequence` is not the one
+    /// the state was saved at (its position differs: the events were restored or replaced
+    /// since), so the state must not be used.
+    pub stream_rewritten: bool,
 }
 
 /// A stream's newest sequence, as listed for a rebuild or a verify.
@@ -34,13 +38,27 @@ pub struct StreamHead {
     pub head: i64,
 }
 
-const SQLITE_UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state) \
-     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (group_name) DO UPDATE SET \
-     sequence = excluded.sequence, format = excluded.format, state = excluded.state";
+// The row records the position of the stream's event at its sequence, read in the writer's
+// transaction (the attempt's own event is already inserted there).
+const SQLITE_UPSERT: &str =
+    "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
+     VALUES (?1, ?2, ?3, ?4, (SELECT position FROM events WHERE aggregate_type = 'consumer_group' \
+     AND aggregate_id = ?1 AND sequence = ?2)) ON CONFLICT (group_name) DO UPDATE SET \
+     sequence = excluded.sequence, format = excluded.format, state = excluded.state, \
+     position = excluded.position";
 
-const PG_UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state) \
-     VALUES ($1, $2, $3, $4) ON CONFLICT (group_name) DO UPDATE SET \
-     sequence = excluded.sequence, format = excluded.format, state = excluded.state";
+const PG_UPSERT: &str =
+    "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
+     VALUES ($1, $2, $3, $4, (SELECT position FROM events WHERE aggregate_type = 'consumer_group' \
+     AND aggregate_id = $1 AND sequence = $2)) ON CONFLICT (group_name) DO UPDATE SET \
+     sequence = excluded.sequence, format = excluded.format, state = excluded.state, \
+     position = excluded.position";
+
+/// The columns a read returns: the row, and whether the event at its sequence has moved.
+const READ_COLUMNS: &str = "s.group_name, s.sequence, s.format, s.state, \
+     COALESCE(s.position <> (SELECT e.position FROM events e \
+       WHERE e.aggregate_type = 'consumer_group' AND e.aggregate_id = s.group_name \
+       AND e.sequence = s.sequence), false)";
 
 /// SQLite: writes `saved` in the caller's transaction, replacing the group's row.
 pub(crate) fn sqlite_save_in_tx(
@@ -77,6 +95,7 @@ fn sqlite_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SavedGroupState> {
         sequence: row.get(1)?,
         format: row.get(2)?,
         state: row.get(3)?,
+        stream_rewritten: row.get(4)?,
     })
 }
 
@@ -86,6 +105,7 @@ fn pg_row(row: &sqlx::postgres::PgRow) -> Result<SavedGroupState, StoreError> {
         sequence: row.try_get(1)?,
         format: row.try_get(2)?,
         state: row.try_get(3)?,
+        stream_rewritten: row.try_get(4)?,
     })
 }
 
@@ -98,10 +118,9 @@ impl SqliteStore {
         let group = group.to_owned();
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(
-                    "SELECT group_name, sequence, format, state FROM group_snapshot \
-                     WHERE group_name = ?1",
-                )?
+                .prepare_cached(&format!(
+                    "SELECT {READ_COLUMNS} FROM group_snapshot s WHERE s.group_name = ?1"
+                ))?
                 .query_row([group], sqlite_row)
                 .optional()?)
         })
@@ -115,10 +134,10 @@ impl SqliteStore {
         limit: i64,
     ) -> Result<Vec<SavedGroupState>, StoreError> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT group_name, sequence, format, state FROM group_snapshot \
-                 WHERE group_name > ?1 ORDER BY group_name LIMIT ?2",
-            )?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {READ_COLUMNS} FROM group_snapshot s \
+                 WHERE s.group_name > ?1 ORDER BY s.group_name LIMIT ?2"
+            ))?;
             let rows = stmt.query_map(params![after, limit], sqlite_row)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
@@ -172,9 +191,9 @@ impl PgStore {
         &self,
         group: &str,
     ) -> Result<Option<SavedGroupState>, StoreError> {
-        let row = sqlx::query(
-            "SELECT group_name, sequence, format, state FROM group_snapshot WHERE group_name = $1",
-        )
+        let row = sqlx::query(&format!(
+            "SELECT {READ_COLUMNS} FROM group_snapshot s WHERE s.group_name = $1"
+        ))
         .bind(group)
         .fetch_optional(self.pool())
         .await?;
@@ -187,10 +206,10 @@ impl PgStore {
         after: String,
         limit: i64,
     ) -> Result<Vec<SavedGroupState>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT group_name, sequence, format, state FROM group_snapshot \
-             WHERE group_name > $1 ORDER BY group_name LIMIT $2",
-        )
+        let rows = sqlx::query(&format!(
+            "SELECT {READ_COLUMNS} FROM group_snapshot s \
+             WHERE s.group_name > $1 ORDER BY s.group_name LIMIT $2"
+        ))
         .bind(after)
         .bind(limit)
         .fetch_all(self.pool())

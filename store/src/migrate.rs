@@ -38,6 +38,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(7, "sqlite", "0007_session_lease.sql"),
     migration!(8, "sqlite", "0008_group_snapshot.sql"),
     migration!(9, "sqlite", "0009_open_wait.sql"),
+    migration!(10, "sqlite", "0010_group_snapshot_position.sql"),
 ];
 
 /// The Postgres scripts.
@@ -59,6 +60,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(15, "postgres", "0015_listing_calls.sql"),
     migration!(16, "postgres", "0016_keyed_settle_calls.sql"),
     migration!(17, "postgres", "0017_open_wait.sql"),
+    migration!(18, "postgres", "0018_group_snapshot_position.sql"),
 ];
 
 /// The schema version this build needs.

@@ -275,6 +275,7 @@ async fn measure(test: &TestStore, group: &str, shape: Shape) -> Figures {
         sequence: 0,
         format: -1,
         state: String::new(),
+        stream_rewritten: false,
     };
     let (mut old, mut new) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {

@@ -16,11 +16,12 @@
 use std::time::Duration;
 
 use wharf::domain::{
-    decode_group_state, encode_group_state, fold_group, ConsumerGroup, DeclarationEvent,
-    DeclarerId, GroupName, RegisterOutcome, GROUP_STATE_FORMAT,
+    decode_group_state, encode_group_state, fold_group, AppVersion, Attempt, BindingSet,
+    ConsumerGroup, DeclarationEvent, DeclarerId, GroupName, RegisterOutcome, TopicName,
+    GROUP_STATE_FORMAT,
 };
 use wharf::projections::PruneOptions;
-use wharf::store::{RebuildMode, SavedGroupState, Store};
+use wharf::store::{NewEvent, RebuildMode, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
 use wharf_tests::{keep_live, on_both_backends, Backend, TestStore};
 
@@ -297,6 +298,7 @@ async fn crash_between_snapshot_and_event(backend: Backend) {
             sequence: head + 1,
             format: GROUP_STATE_FORMAT,
             state: encode_group_state(&ahead),
+            stream_rewritten: false,
         })
         .await
         .unwrap();
@@ -392,6 +394,91 @@ on_both_backends!(
     format_1
 );
 
+/// The group's events after sequence `keep` are replaced by installs of other declarers, up
+/// past the saved state's sequence: what restoring `events` alone from an older backup and
+/// then declaring again leaves. The events at the saved sequence now have other positions.
+async fn rewrite_stream_after(store: &Store, keep: i64, through: i64) {
+    let sql = format!(
+        "DELETE FROM events WHERE aggregate_type = 'consumer_group' AND aggregate_id = '{GROUP}' \
+         AND sequence > {keep}"
+    );
+    match store {
+        Store::Sqlite(s) => s
+            .write(move |ctx| {
+                ctx.tx.execute_batch(&sql)?;
+                Ok(())
+            })
+            .await
+            .unwrap(),
+        Store::Postgres(s) => {
+            sqlx::query(&sql).execute(s.pool()).await.unwrap();
+        }
+    }
+    let now = store.now().await.unwrap();
+    let events = (keep + 1..=through)
+        .map(|sequence| {
+            let k = sequence as usize;
+            let attempt = Attempt {
+                group: group(),
+                topic: TopicName::parse("topic", "orders").unwrap(),
+                declarer: DeclarerId::parse("declarer", &format!("restorer-{sequence}")).unwrap(),
+                version: AppVersion::parse("version", "9").unwrap(),
+                patterns: BindingSet::parse(set(k)).unwrap(),
+                declared_at: now,
+                attempt_at: now,
+            };
+            let installed = DeclarationEvent::Installed {
+                attempt,
+                previous: Some(BindingSet::parse(set(k + 1)).unwrap()),
+            };
+            NewEvent::from_domain(&installed, serde_json::json!({})).unwrap()
+        })
+        .collect();
+    store
+        .append("consumer_group", GROUP, keep, events)
+        .await
+        .unwrap();
+}
+
+async fn rewritten_stream(backend: Backend) {
+    let test = TestStore::new(backend).await;
+    let writer = wharf_for(&test, EVERY);
+    workload(&test, &writer, 2).await;
+    let before = saved(&test.store).await;
+    assert!(!before.stream_rewritten);
+    let (head, _) = full_fold(&test.store).await;
+    rewrite_stream_after(&test.store, before.sequence - 3, head + 2).await;
+    // The test means something: the saved state is not the new stream's fold at its sequence.
+    let old_state = decode_group_state(before.format, &before.state).unwrap();
+    assert_ne!(fold_through(&test.store, before.sequence).await, old_state);
+
+    let found = saved(&test.store).await;
+    assert!(found.stream_rewritten, "{found:?}");
+    let report = writer.read_model().verify_snapshots().await.unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(report.ignored.len(), 1, "{report:?}");
+    assert!(
+        report.ignored[0]
+            .problem
+            .contains("another event holds its sequence"),
+        "{report:?}"
+    );
+    // A fresh process folds the whole stream, and its attempt saves a state that fits it.
+    cold_register_matches_full_fold(&test, "waiter-2", 2).await;
+    let rewritten = saved(&test.store).await;
+    assert!(!rewritten.stream_rewritten, "{rewritten:?}");
+    let (head, truth) = full_fold(&test.store).await;
+    assert_eq!(rewritten.sequence, head);
+    assert_eq!(
+        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
+        truth
+    );
+}
+on_both_backends!(
+    a_snapshot_of_a_rewritten_stream_is_ignored_and_rewritten,
+    rewritten_stream
+);
+
 async fn wrong_snapshot(backend: Backend) {
     let test = TestStore::new(backend).await;
     let writer = wharf_for(&test, EVERY);
@@ -442,6 +529,7 @@ async fn rebuild_recreates(backend: Backend) {
             sequence: 3,
             format: GROUP_STATE_FORMAT,
             state: encode_group_state(&ConsumerGroup::default()),
+            stream_rewritten: false,
         })
         .await
         .unwrap();

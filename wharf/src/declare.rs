@@ -195,6 +195,15 @@ impl Attempter<'_> {
         let Some(saved) = self.store.saved_group_state(group).await? else {
             return Ok(Held::empty(false));
         };
+        if saved.stream_rewritten {
+            tracing::warn!(
+                group,
+                sequence = saved.sequence,
+                "ignoring the group's saved state: its stream was restored or replaced since \
+                 (another event holds that sequence now); folding its events instead"
+            );
+            return Ok(Held::empty(true));
+        }
         match decode_group_state(saved.format, &saved.state) {
             // A state in an older format is rewritten at the next attempt.
             Ok(state) => Ok(Held {
@@ -272,6 +281,7 @@ fn decision(
             sequence: held.sequence,
             format: GROUP_STATE_FORMAT,
             state: encode_group_state(&held.state),
+            stream_rewritten: false,
         });
         if saved_state.is_some() {
             held.saved_at = held.sequence;
