@@ -127,8 +127,10 @@ async fn long_group(test: &TestStore, group: &str, events: usize, shape: Shape) 
 async fn fill_open_waits(store: &Store) {
     match store {
         Store::Sqlite(s) => {
-            let script = migrate::SQLITE.last().expect("SQLite migrations");
-            assert!(script.name.contains("open_wait"), "{}", script.name);
+            let script = migrate::SQLITE
+                .iter()
+                .find(|m| m.name.contains("open_wait"))
+                .expect("the migration that made open_wait");
             s.write(move |ctx| {
                 ctx.tx.execute_batch(script.sql)?;
                 Ok(())
@@ -137,8 +139,10 @@ async fn fill_open_waits(store: &Store) {
             .unwrap();
         }
         Store::Postgres(s) => {
-            let script = migrate::POSTGRES.last().expect("Postgres migrations");
-            assert!(script.name.contains("open_wait"), "{}", script.name);
+            let script = migrate::POSTGRES
+                .iter()
+                .find(|m| m.name.contains("open_wait"))
+                .expect("the migration that made open_wait");
             sqlx::raw_sql(script.sql).execute(s.pool()).await.unwrap();
         }
     }

@@ -181,8 +181,10 @@ async fn mixed_waits(test: &TestStore) -> Vec<Row> {
 async fn backfill(store: &Store) {
     match store {
         Store::Sqlite(s) => {
-            let script = migrate::SQLITE.last().unwrap();
-            assert!(script.name.contains("open_wait"), "{}", script.name);
+            let script = migrate::SQLITE
+                .iter()
+                .find(|m| m.name.contains("open_wait"))
+                .expect("the migration that made open_wait");
             s.write(move |ctx| {
                 ctx.tx.execute_batch("DELETE FROM open_wait")?;
                 ctx.tx.execute_batch(script.sql)?;
@@ -192,8 +194,10 @@ async fn backfill(store: &Store) {
             .unwrap();
         }
         Store::Postgres(s) => {
-            let script = migrate::POSTGRES.last().unwrap();
-            assert!(script.name.contains("open_wait"), "{}", script.name);
+            let script = migrate::POSTGRES
+                .iter()
+                .find(|m| m.name.contains("open_wait"))
+                .expect("the migration that made open_wait");
             sqlx::query("DELETE FROM open_wait")
                 .execute(s.pool())
                 .await
