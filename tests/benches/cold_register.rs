@@ -26,9 +26,9 @@ use chrono::{TimeDelta, Utc};
 use wharf::domain::{
     AppVersion, Attempt, BindingSet, DeclarationEvent, DeclarerId, GroupName, TopicName,
 };
-use wharf::store::{migrate, NewEvent, SavedGroupState, Store};
+use wharf::store::{NewEvent, SavedGroupState, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{keep_live, Backend, TestStore};
+use wharf_tests::{backfill_open_waits, keep_live, Backend, TestStore};
 
 const ROUNDS: usize = 3;
 const COLD_PER_ROUND: usize = 4;
@@ -119,33 +119,8 @@ async fn long_group(test: &TestStore, group: &str, events: usize, shape: Shape) 
     for batch in rows.chunks(10_000) {
         insert_waits(&test.store, group, batch.to_vec()).await;
     }
-    fill_open_waits(&test.store).await;
-}
-
-/// The open waits the inserted events imply, by the migration's own backfill statement
-/// (which skips rows that exist).
-async fn fill_open_waits(store: &Store) {
-    match store {
-        Store::Sqlite(s) => {
-            let script = migrate::SQLITE
-                .iter()
-                .find(|m| m.name.contains("open_wait"))
-                .expect("the migration that made open_wait");
-            s.write(move |ctx| {
-                ctx.tx.execute_batch(script.sql)?;
-                Ok(())
-            })
-            .await
-            .unwrap();
-        }
-        Store::Postgres(s) => {
-            let script = migrate::POSTGRES
-                .iter()
-                .find(|m| m.name.contains("open_wait"))
-                .expect("the migration that made open_wait");
-            sqlx::raw_sql(script.sql).execute(s.pool()).await.unwrap();
-        }
-    }
+    // The open waits the inserted events imply, by the migration's own backfill statement.
+    backfill_open_waits(&test.store).await;
 }
 
 async fn insert_waits(store: &Store, group: &str, rows: Vec<(i64, String, String)>) {

@@ -239,6 +239,35 @@ pub async fn keep_live(store: &Store, group: &str, declarer: &str, patterns: &[&
     }
 }
 
+/// Runs the migration that created `open_wait` again (ADR 0049): its backfill adds the rows the
+/// stored events imply and skips rows that exist. For ledgers written with SQL, and for the
+/// test that compares the backfill with what the appends left.
+pub async fn backfill_open_waits(store: &Store) {
+    let scripts = match store {
+        Store::Sqlite(_) => wharf::store::migrate::SQLITE,
+        Store::Postgres(_) => wharf::store::migrate::POSTGRES,
+    };
+    let script = scripts
+        .iter()
+        .find(|m| m.name.contains("open_wait"))
+        .expect("the migration that made open_wait");
+    match store {
+        Store::Sqlite(s) => s
+            .write(move |ctx| {
+                ctx.tx.execute_batch(script.sql)?;
+                Ok(())
+            })
+            .await
+            .expect("the backfill on SQLite"),
+        Store::Postgres(s) => {
+            sqlx::raw_sql(script.sql)
+                .execute(s.pool())
+                .await
+                .expect("the backfill on Postgres");
+        }
+    }
+}
+
 /// Runs an async test body once per backend, each in its own `#[tokio::test]`.
 #[macro_export]
 macro_rules! on_both_backends {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use wharf::domain::{DeclarerId, RegisterOutcome};
-use wharf::store::{migrate, RebuildMode, Store};
+use wharf::store::{RebuildMode, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{keep_live, on_both_backends, Backend, TestStore};
+use wharf_tests::{backfill_open_waits, keep_live, on_both_backends, Backend, TestStore};
 
 const TOPIC: &str = "orders";
 
@@ -177,34 +177,24 @@ async fn mixed_waits(test: &TestStore) -> Vec<Row> {
     left
 }
 
-/// Runs the migration that created `open_wait` again on an emptied table: its backfill.
+/// Empties `open_wait` and runs the migration's backfill.
 async fn backfill(store: &Store) {
     match store {
-        Store::Sqlite(s) => {
-            let script = migrate::SQLITE
-                .iter()
-                .find(|m| m.name.contains("open_wait"))
-                .expect("the migration that made open_wait");
-            s.write(move |ctx| {
+        Store::Sqlite(s) => s
+            .write(|ctx| {
                 ctx.tx.execute_batch("DELETE FROM open_wait")?;
-                ctx.tx.execute_batch(script.sql)?;
                 Ok(())
             })
             .await
-            .unwrap();
-        }
+            .unwrap(),
         Store::Postgres(s) => {
-            let script = migrate::POSTGRES
-                .iter()
-                .find(|m| m.name.contains("open_wait"))
-                .expect("the migration that made open_wait");
             sqlx::query("DELETE FROM open_wait")
                 .execute(s.pool())
                 .await
                 .unwrap();
-            sqlx::raw_sql(script.sql).execute(s.pool()).await.unwrap();
         }
     }
+    backfill_open_waits(store).await;
 }
 
 async fn backfill_matches_the_appends(backend: Backend) {
