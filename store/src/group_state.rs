@@ -38,17 +38,10 @@ pub struct StreamHead {
     pub head: i64,
 }
 
-// The row records the position of the stream's event at its sequence, read in the writer's
-// transaction (the attempt's own event is already inserted there).
-const SQLITE_UPSERT: &str =
-    "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
-     VALUES (?1, ?2, ?3, ?4, (SELECT position FROM events WHERE aggregate_type = 'consumer_group' \
-     AND aggregate_id = ?1 AND sequence = ?2)) ON CONFLICT (group_name) DO UPDATE SET \
-     sequence = excluded.sequence, format = excluded.format, state = excluded.state, \
-     position = excluded.position";
-
-const PG_UPSERT: &str =
-    "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
+/// The upsert of a saved state, on both backends (SQLite reads `$n` as the n-th parameter too).
+/// The row records the position of the stream's event at its sequence, read in the writer's
+/// transaction (the attempt's own event is already inserted there).
+const UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
      VALUES ($1, $2, $3, $4, (SELECT position FROM events WHERE aggregate_type = 'consumer_group' \
      AND aggregate_id = $1 AND sequence = $2)) ON CONFLICT (group_name) DO UPDATE SET \
      sequence = excluded.sequence, format = excluded.format, state = excluded.state, \
@@ -65,7 +58,7 @@ pub(crate) fn sqlite_save_in_tx(
     tx: &rusqlite::Transaction<'_>,
     saved: &SavedGroupState,
 ) -> Result<(), StoreError> {
-    tx.prepare_cached(SQLITE_UPSERT)?.execute(params![
+    tx.prepare_cached(UPSERT)?.execute(params![
         saved.group,
         saved.sequence,
         saved.format,
@@ -79,7 +72,7 @@ pub(crate) async fn pg_save(
     conn: &mut PgConnection,
     saved: &SavedGroupState,
 ) -> Result<(), StoreError> {
-    sqlx::query(PG_UPSERT)
+    sqlx::query(UPSERT)
         .bind(&saved.group)
         .bind(saved.sequence)
         .bind(saved.format)
