@@ -61,6 +61,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(16, "postgres", "0016_keyed_settle_calls.sql"),
     migration!(17, "postgres", "0017_open_wait.sql"),
     migration!(18, "postgres", "0018_group_snapshot_position.sql"),
+    migration!(19, "postgres", "0019_claim_by_key.sql"),
 ];
 
 /// The schema version this build needs.

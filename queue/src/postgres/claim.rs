@@ -50,15 +50,15 @@ type SettlingClaimRow = (
 /// statement that first settles the acks of the same group and then claims, in one commit
 /// (ADR 0035), so a consumer's acks ride on its next claim instead of a commit of their own.
 ///
-/// The statement itself is the `wharf_claim` function (Postgres migration 0013, ADR 0042):
-/// the picked rows are locked SKIP LOCKED inside it, only deliveries stamped with the install
-/// in effect are claimable (ADR 0014), and with a fence nothing is claimable once the install
-/// has moved on from the one the caller joined; the acked positions are excluded from the pick,
-/// so no row is both deleted and updated by the one statement. The call is an ordinary cached
-/// statement, one round trip (the unnamed statement it replaces took two: Parse/Describe, then
-/// Bind/Execute); inside, the function still plans its statement on every call with the call's
-/// values (`plan_cache_mode = force_custom_plan`), so no plan chosen while `delivery` was
-/// small can stick as it grows (ADR 0007).
+/// The statement itself is the `wharf_claim` function (Postgres migrations 0013 and 0019, ADRs
+/// 0042 and 0050): the acks are deleted first, each by its key and token; then the picked rows
+/// are locked SKIP LOCKED, only deliveries stamped with the install in effect are claimable
+/// (ADR 0014), and with a fence nothing is claimable once the install has moved on from the
+/// one the caller joined. The call is an ordinary cached statement, one round trip. Inside,
+/// every statement is a look-up by primary key or a walk of the `delivery` key from the claim
+/// floor, with the scans and joins that could read more disabled, so its plans are made once
+/// per connection and no plan made while the tables were small reads more once they grow
+/// (`tests/tests/queue_plans.rs`).
 const CLAIM: &str = "SELECT c_position, c_attempts, c_routed_by, c_topic, c_subject, c_payload, \
        c_headers, c_published_at, c_acked_token \
      FROM wharf_claim($1, $2, $3, $4, $5, $6, $7, $8)";
