@@ -173,7 +173,7 @@ impl Queue {
 
     /// One routing step; with a fence, fails with [`QueueError::Fenced`] (routing nothing)
     /// when the group's install is not the fenced one. The check rides on the step's own reads.
-    async fn route_fenced(
+    pub async fn route_fenced(
         &self,
         group: &GroupName,
         fence: Option<i64>,

@@ -54,6 +54,7 @@ pub mod error;
 pub mod handler;
 pub mod health;
 mod publish_listener;
+mod route_ahead;
 mod runtime;
 pub mod sessions;
 pub mod supervisor;
