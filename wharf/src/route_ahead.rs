@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
-use tracing::debug;
+use tracing::{debug, Instrument};
 use wharf_domain::GroupName;
 use wharf_queue::{Claimed, Queue, QueueError};
 
@@ -51,7 +51,9 @@ impl RouteAhead {
     pub(crate) fn start(queue: Queue, group: GroupName, published: watch::Receiver<u64>) -> Self {
         let shared = Arc::new(Shared::default());
         let batch = queue.settings().route_batch.max(1);
-        let task = tokio::spawn(route(queue, group, shared.clone(), published, batch));
+        // In the claim loop's span: its logs name the consumer's group and instance.
+        let router = route(queue, group, shared.clone(), published, batch);
+        let task = tokio::spawn(router.in_current_span());
         Self {
             shared,
             batch,
