@@ -96,6 +96,19 @@ async fn saved(store: &Store) -> SavedGroupState {
         .expect("the group has a saved state")
 }
 
+/// Checks that the saved state is the fold of the whole stream, at its newest sequence, and
+/// returns it.
+async fn saved_is_full_fold(store: &Store) -> SavedGroupState {
+    let found = saved(store).await;
+    let (head, truth) = full_fold(store).await;
+    assert_eq!(found.sequence, head);
+    assert_eq!(
+        decode_group_state(found.format, &found.state).unwrap(),
+        truth
+    );
+    found
+}
+
 /// A register on a `Wharf` that holds nothing yet, then what it holds, checked against a fold
 /// of the whole stream (the register may itself have appended an event).
 async fn cold_register_matches_full_fold(test: &TestStore, declarer: &str, k: usize) {
@@ -306,13 +319,7 @@ async fn crash_between_snapshot_and_event(backend: Backend) {
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(report.ignored.len(), 1, "{report:?}");
     cold_register_matches_full_fold(&test, "waiter-0", 0).await;
-    let rewritten = saved(&test.store).await;
-    let (head, truth) = full_fold(&test.store).await;
-    assert_eq!(rewritten.sequence, head);
-    assert_eq!(
-        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
-        truth
-    );
+    saved_is_full_fold(&test.store).await;
 }
 on_both_backends!(
     a_crash_between_snapshot_and_event_leaves_a_true_fold,
@@ -342,14 +349,8 @@ async fn old_format(backend: Backend) {
     assert_eq!(report.ignored.len(), 1, "{report:?}");
     assert!(report.ignored[0].problem.contains("format 0"), "{report:?}");
     cold_register_matches_full_fold(&test, "waiter-2", 2).await;
-    let rewritten = saved(&test.store).await;
+    let rewritten = saved_is_full_fold(&test.store).await;
     assert_eq!(rewritten.format, GROUP_STATE_FORMAT);
-    let (head, truth) = full_fold(&test.store).await;
-    assert_eq!(rewritten.sequence, head);
-    assert_eq!(
-        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
-        truth
-    );
 }
 on_both_backends!(
     a_snapshot_of_an_old_format_is_ignored_and_rewritten,
@@ -379,15 +380,9 @@ async fn format_1(backend: Backend) {
     assert!(report.is_clean(), "{report:?}");
     assert!(report.ignored.is_empty(), "format 1 is read: {report:?}");
     cold_register_matches_full_fold(&test, "waiter-2", 2).await;
-    let rewritten = saved(&test.store).await;
+    let rewritten = saved_is_full_fold(&test.store).await;
     assert_eq!(rewritten.format, GROUP_STATE_FORMAT);
     assert!(!rewritten.state.contains("waiting"), "{}", rewritten.state);
-    let (head, truth) = full_fold(&test.store).await;
-    assert_eq!(rewritten.sequence, head);
-    assert_eq!(
-        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
-        truth
-    );
 }
 on_both_backends!(
     a_snapshot_of_format_1_is_read_without_its_waiters_and_rewritten,
@@ -465,14 +460,8 @@ async fn rewritten_stream(backend: Backend) {
     );
     // A fresh process folds the whole stream, and its attempt saves a state that fits it.
     cold_register_matches_full_fold(&test, "waiter-2", 2).await;
-    let rewritten = saved(&test.store).await;
+    let rewritten = saved_is_full_fold(&test.store).await;
     assert!(!rewritten.stream_rewritten, "{rewritten:?}");
-    let (head, truth) = full_fold(&test.store).await;
-    assert_eq!(rewritten.sequence, head);
-    assert_eq!(
-        decode_group_state(rewritten.format, &rewritten.state).unwrap(),
-        truth
-    );
 }
 on_both_backends!(
     a_snapshot_of_a_rewritten_stream_is_ignored_and_rewritten,
