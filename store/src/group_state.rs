@@ -6,10 +6,13 @@
 //! the writer gave it; it never parses it (what a state means is the domain's, how it is checked
 //! is the projections'). Derived data: deleting every row loses nothing but speed.
 
+use std::sync::LazyLock;
+
 use rusqlite::{params, OptionalExtension};
 use sqlx::{PgConnection, Row};
 
 use crate::error::StoreError;
+use crate::group::GROUP_AGGREGATE;
 use crate::{PgStore, SqliteStore, Store};
 
 /// One group's saved state.
@@ -41,24 +44,41 @@ pub struct StreamHead {
 /// The upsert of a saved state, on both backends (SQLite reads `$n` as the n-th parameter too).
 /// The row records the position of the stream's event at its sequence, read in the writer's
 /// transaction (the attempt's own event is already inserted there).
-const UPSERT: &str = "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
-     VALUES ($1, $2, $3, $4, (SELECT position FROM events WHERE aggregate_type = 'consumer_group' \
-     AND aggregate_id = $1 AND sequence = $2)) ON CONFLICT (group_name) DO UPDATE SET \
-     sequence = excluded.sequence, format = excluded.format, state = excluded.state, \
-     position = excluded.position";
+static UPSERT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
+         VALUES ($1, $2, $3, $4, (SELECT position FROM events \
+           WHERE aggregate_type = '{GROUP_AGGREGATE}' AND aggregate_id = $1 AND sequence = $2)) \
+         ON CONFLICT (group_name) DO UPDATE SET sequence = excluded.sequence, \
+           format = excluded.format, state = excluded.state, position = excluded.position"
+    )
+});
 
-/// The columns a read returns: the row, and whether the event at its sequence has moved.
-const READ_COLUMNS: &str = "s.group_name, s.sequence, s.format, s.state, \
-     COALESCE(s.position <> (SELECT e.position FROM events e \
-       WHERE e.aggregate_type = 'consumer_group' AND e.aggregate_id = s.group_name \
-       AND e.sequence = s.sequence), false)";
+/// A read of saved states with `filter` (its parameters from `$1`), on both backends: the row,
+/// and whether the event at its sequence has moved.
+fn read_statement(filter: &str) -> String {
+    format!(
+        "SELECT s.group_name, s.sequence, s.format, s.state, \
+           COALESCE(s.position <> (SELECT e.position FROM events e \
+             WHERE e.aggregate_type = '{GROUP_AGGREGATE}' AND e.aggregate_id = s.group_name \
+             AND e.sequence = s.sequence), false) \
+         FROM group_snapshot s {filter}"
+    )
+}
+
+/// One group's saved state: `$1` the group.
+static READ_ONE: LazyLock<String> = LazyLock::new(|| read_statement("WHERE s.group_name = $1"));
+
+/// A page of saved states in name order: `$1` the name to start after, `$2` the page size.
+static READ_PAGE: LazyLock<String> =
+    LazyLock::new(|| read_statement("WHERE s.group_name > $1 ORDER BY s.group_name LIMIT $2"));
 
 /// SQLite: writes `saved` in the caller's transaction, replacing the group's row.
 pub(crate) fn sqlite_save_in_tx(
     tx: &rusqlite::Transaction<'_>,
     saved: &SavedGroupState,
 ) -> Result<(), StoreError> {
-    tx.prepare_cached(UPSERT)?.execute(params![
+    tx.prepare_cached(&UPSERT)?.execute(params![
         saved.group,
         saved.sequence,
         saved.format,
@@ -72,7 +92,7 @@ pub(crate) async fn pg_save(
     conn: &mut PgConnection,
     saved: &SavedGroupState,
 ) -> Result<(), StoreError> {
-    sqlx::query(UPSERT)
+    sqlx::query(&UPSERT)
         .bind(&saved.group)
         .bind(saved.sequence)
         .bind(saved.format)
@@ -111,9 +131,7 @@ impl SqliteStore {
         let group = group.to_owned();
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(&format!(
-                    "SELECT {READ_COLUMNS} FROM group_snapshot s WHERE s.group_name = ?1"
-                ))?
+                .prepare_cached(&READ_ONE)?
                 .query_row([group], sqlite_row)
                 .optional()?)
         })
@@ -127,10 +145,7 @@ impl SqliteStore {
         limit: i64,
     ) -> Result<Vec<SavedGroupState>, StoreError> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {READ_COLUMNS} FROM group_snapshot s \
-                 WHERE s.group_name > ?1 ORDER BY s.group_name LIMIT ?2"
-            ))?;
+            let mut stmt = conn.prepare_cached(&READ_PAGE)?;
             let rows = stmt.query_map(params![after, limit], sqlite_row)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
@@ -184,12 +199,10 @@ impl PgStore {
         &self,
         group: &str,
     ) -> Result<Option<SavedGroupState>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {READ_COLUMNS} FROM group_snapshot s WHERE s.group_name = $1"
-        ))
-        .bind(group)
-        .fetch_optional(self.pool())
-        .await?;
+        let row = sqlx::query(&READ_ONE)
+            .bind(group)
+            .fetch_optional(self.pool())
+            .await?;
         row.as_ref().map(pg_row).transpose()
     }
 
@@ -199,14 +212,11 @@ impl PgStore {
         after: String,
         limit: i64,
     ) -> Result<Vec<SavedGroupState>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {READ_COLUMNS} FROM group_snapshot s \
-             WHERE s.group_name > $1 ORDER BY s.group_name LIMIT $2"
-        ))
-        .bind(after)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
+        let rows = sqlx::query(&READ_PAGE)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?;
         rows.iter().map(pg_row).collect()
     }
 
