@@ -59,11 +59,51 @@ impl PgSettings {
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// One connection for `LISTEN`, outside the pool: held for as long as a listener runs, it
+    /// must not take one of `max_connections` (with a pool of one it would take them all).
+    listen_pool: PgPool,
     projectors: Arc<Vec<Arc<dyn PgProjector>>>,
 }
 
 /// A pooled connection idle at least this long is pinged before it is handed out.
 const IDLE_BEFORE_PING: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A lazily connecting pool of up to `max_connections` on `options`: no ping on checkout unless
+/// idle for [`IDLE_BEFORE_PING`], and `search_path` set to `schema` on every new connection.
+fn build_pool(
+    options: PgConnectOptions,
+    schema: Option<String>,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        // sqlx pings every connection it hands out by default: one round trip more on
+        // every transaction. Only a connection idle for a while (one a server restart or a
+        // network timeout may have cut) is checked; one in steady use fails its statement
+        // and is dropped instead, and every caller retries a failed store call.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_BEFORE_PING {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .after_connect(move |conn, _| {
+            let schema = schema.clone();
+            Box::pin(async move {
+                if let Some(schema) = schema {
+                    conn.execute(format!("SET search_path TO \"{schema}\"").as_str())
+                        .await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_lazy_with(options)
+}
 
 impl PgStore {
     /// Connects (lazily: the first use dials) with the given inline projectors.
@@ -95,35 +135,16 @@ impl PgStore {
         if let Some(schema) = &schema {
             check_schema_name(schema)?;
         }
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
-            // sqlx pings every connection it hands out by default: one round trip more on
-            // every transaction. Only a connection idle for a while (one a server restart or a
-            // network timeout may have cut) is checked; one in steady use fails its statement
-            // and is dropped instead, and every caller retries a failed store call.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_BEFORE_PING {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .after_connect(move |conn, _| {
-                let schema = schema.clone();
-                Box::pin(async move {
-                    if let Some(schema) = schema {
-                        conn.execute(format!("SET search_path TO \"{schema}\"").as_str())
-                            .await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options);
+        let pool = build_pool(
+            options.clone(),
+            schema.clone(),
+            settings.max_connections,
+            settings.acquire_timeout,
+        );
+        let listen_pool = build_pool(options, schema, 1, settings.acquire_timeout);
         Ok(Self {
             pool,
+            listen_pool,
             projectors: Arc::new(projectors),
         })
     }
@@ -131,6 +152,12 @@ impl PgStore {
     /// The connection pool, for read models and tools that query the store directly.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A pool of one connection beside [`pool`](Self::pool), for a `LISTEN` that holds its
+    /// connection for as long as it runs (same URL, same schema).
+    pub fn listen_pool(&self) -> &PgPool {
+        &self.listen_pool
     }
 
     /// The inline projectors this store runs on every append.
