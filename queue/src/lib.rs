@@ -15,6 +15,7 @@
 
 pub mod error;
 mod generations;
+mod held;
 mod matchers;
 pub mod message;
 mod postgres;
@@ -28,6 +29,7 @@ use wharf_domain::{GroupName, TopicName, ValidationError};
 use wharf_store::Store;
 
 pub use error::QueueError;
+pub use held::HeldConnection;
 pub use message::{
     validate_batch, AckOutcome, AckedFetch, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
     GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings, RetentionReport,
@@ -207,13 +209,21 @@ impl Queue {
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
         Ok(self
-            .claim_fenced(group, instance, None, max, Vec::new())
+            .claim_fenced(
+                &mut HeldConnection::default(),
+                group,
+                instance,
+                None,
+                max,
+                Vec::new(),
+            )
             .await?
             .claimed)
     }
 
     async fn claim_fenced(
         &self,
+        held: &mut HeldConnection,
         group: &GroupName,
         instance: &str,
         fence: Option<i64>,
@@ -232,7 +242,8 @@ impl Queue {
                     sqlite::claim(s, &self.settings, group, instance, wanted, fence, acks).await?
                 }
                 Store::Postgres(s) => {
-                    postgres::claim(s, &self.settings, group, instance, wanted, fence, &acks)
+                    let settings = &self.settings;
+                    postgres::claim(s, held, settings, group, instance, wanted, fence, &acks)
                         .await?
                 }
             };
@@ -258,7 +269,8 @@ impl Queue {
         instance: &str,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
-        self.fetch_inner(group, instance, None, max, Vec::new())
+        let held = &mut HeldConnection::default();
+        self.fetch_inner(held, group, instance, None, max, Vec::new())
             .await?
             .fetched
     }
@@ -274,7 +286,8 @@ impl Queue {
         install: i64,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
-        self.fetch_inner(group, instance, Some(install), max, Vec::new())
+        let held = &mut HeldConnection::default();
+        self.fetch_inner(held, group, instance, Some(install), max, Vec::new())
             .await?
             .fetched
     }
@@ -297,6 +310,25 @@ impl Queue {
         install: Option<i64>,
         max: u32,
     ) -> Result<AckedFetch, QueueError> {
+        let held = &mut HeldConnection::default();
+        self.ack_and_fetch_holding(held, acks, group, instance, install, max)
+            .await
+    }
+
+    /// [`ack_and_fetch`](Self::ack_and_fetch) on a connection the caller keeps between its
+    /// fetches (ADR 0051): the claim statement runs on `held`'s connection, or takes one from
+    /// the pool and leaves it in `held` when the fetch needs nothing else. A fetch that comes
+    /// back short routes through the pool and releases `held` first. The caller releases it
+    /// before it waits for long ([`HeldConnection::release`]).
+    pub async fn ack_and_fetch_holding(
+        &self,
+        held: &mut HeldConnection,
+        acks: &[Claimed],
+        group: &GroupName,
+        instance: &str,
+        install: Option<i64>,
+        max: u32,
+    ) -> Result<AckedFetch, QueueError> {
         let mut keys = Vec::with_capacity(acks.len());
         for (i, message) in acks.iter().enumerate() {
             if message.group != group.as_str() {
@@ -309,11 +341,13 @@ impl Queue {
             }
             keys.push((message.position, message.claim_token));
         }
-        self.fetch_inner(group, instance, install, max, keys).await
+        self.fetch_inner(held, group, instance, install, max, keys)
+            .await
     }
 
     async fn fetch_inner(
         &self,
+        held: &mut HeldConnection,
         group: &GroupName,
         instance: &str,
         fence: Option<i64>,
@@ -322,7 +356,13 @@ impl Queue {
     ) -> Result<AckedFetch, QueueError> {
         let max = max.max(1);
         let keys = acks.clone();
-        let step = self.claim_fenced(group, instance, fence, max, acks).await?;
+        let step = self
+            .claim_fenced(held, group, instance, fence, max, acks)
+            .await?;
+        if step.claimed.len() < max as usize {
+            // The rest routes through the pool; a pool of one must have this connection back.
+            held.release();
+        }
         let outcomes = keys
             .iter()
             .map(|key| {
@@ -376,7 +416,14 @@ impl Queue {
         // Another instance routing right now is likely to have made deliveries too.
         if routed > 0 || busy {
             let mut more = self
-                .claim_fenced(group, instance, fence, wanted, Vec::new())
+                .claim_fenced(
+                    &mut HeldConnection::default(),
+                    group,
+                    instance,
+                    fence,
+                    wanted,
+                    Vec::new(),
+                )
                 .await?;
             claimed.append(&mut more.claimed);
         }

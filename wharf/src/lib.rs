@@ -57,6 +57,7 @@ mod publish_listener;
 mod route_ahead;
 mod runtime;
 pub mod sessions;
+mod slots;
 pub mod supervisor;
 
 use std::sync::Arc;

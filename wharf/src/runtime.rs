@@ -18,6 +18,11 @@
 //! due, are settled together on their own. While a handler runs its claim is extended
 //! (`claim_keeper`), up to `queue.max_claim_hold`.
 //!
+//! While it is busy the loop keeps its store connection from one fetch to the next (ADR 0051):
+//! no pool checkout and no ping on the connection's return between them. It hands the
+//! connection back whenever it would wait longer than a few milliseconds for a slot, when a
+//! fetch comes back short or fails, and when the pool has no other connection to spare.
+//!
 //! A router task beside the loop keeps about a routing batch of the log routed ahead of what
 //! the loop claims (`route_ahead`, ADR 0050), so that a fetch rarely waits for a routing step.
 //!
@@ -44,7 +49,9 @@ use tracing::{debug, error, info, warn, Instrument};
 use wharf_domain::{GroupName, TopicName};
 use wharf_metrics::prometheus::IntCounter;
 use wharf_metrics::StoreOperation;
-use wharf_queue::{AckOutcome, AckedFetch, Claimed, NackOutcome, Queue, QueueError};
+use wharf_queue::{
+    AckOutcome, AckedFetch, Claimed, HeldConnection, NackOutcome, Queue, QueueError,
+};
 use wharf_store::Store;
 
 use crate::acker::{self, AckBatch, Acker, PendingAcks};
@@ -54,6 +61,7 @@ use crate::consumer::ConsumerState;
 use crate::handler::Handler;
 use crate::publish_listener::PublishListener;
 use crate::route_ahead::RouteAhead;
+use crate::slots::{gather_slots, slot_while_held};
 
 /// A snapshot of what a consumer's handlers have done so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -181,6 +189,7 @@ impl Runtime {
         let slots = Arc::new(Semaphore::new(concurrency.clamp(1, Semaphore::MAX_PERMITS)));
         let claim_batch = usize::try_from(self.config.claim_batch.max(1)).unwrap_or(usize::MAX);
         let mut tasks = JoinSet::new();
+        let mut held = HeldConnection::default();
         self.listener.ensure(&self.queue, &self.store).await;
         let mut published = self.queue.wakeups().subscribe(self.topic.as_str());
         let ahead = RouteAhead::start(
@@ -214,13 +223,14 @@ impl Runtime {
             };
             let Some(install) = install else {
                 // Claiming nothing; the acks of handlers still running are settled meanwhile.
+                held.release();
                 let idle = std::future::pending::<()>();
                 self.settling(idle, &mut acks, &mut stop, &mut state).await;
                 continue;
             };
-            // Acks that come while every slot is busy are settled on their own.
-            let free = slots.clone().acquire_owned();
-            let Some(Ok(first)) = self.settling(free, &mut acks, &mut stop, &mut state).await
+            let Some(first) = self
+                .free_slot(&slots, &mut held, &mut acks, &mut stop, &mut state)
+                .await
             else {
                 continue;
             };
@@ -228,7 +238,9 @@ impl Runtime {
             let wanted = u32::try_from(permits.len()).unwrap_or(u32::MAX);
             // Publishes from here on wake the idle wait below.
             published.borrow_and_update();
-            let fetched = self.ack_and_fetch(acks.take_ready(), install, wanted).await;
+            let fetched = self
+                .ack_and_fetch(&mut held, acks.take_ready(), install, wanted)
+                .await;
             Counters::bump(&self.counters.fetches);
             match fetched {
                 Ok(Ok(messages)) if !messages.is_empty() => {
@@ -241,6 +253,7 @@ impl Runtime {
                 }
                 Ok(Ok(_)) => {
                     drop(permits);
+                    held.release();
                     // Until the poll interval passes or the topic sees a publish, whichever
                     // comes first.
                     let poll = self.config.poll_interval;
@@ -254,6 +267,7 @@ impl Runtime {
                 }
                 Ok(Err(QueueError::Fenced { current, .. })) => {
                     drop(permits);
+                    held.release();
                     warn!(
                         joined = install,
                         ?current,
@@ -264,6 +278,7 @@ impl Runtime {
                 }
                 Ok(Err(e)) => {
                     drop(permits);
+                    held.release();
                     self.metrics.fetch_errors.inc();
                     warn!(error = %e, "fetching messages failed; retrying after the poll interval");
                     let pause = tokio::time::sleep(self.config.poll_interval);
@@ -271,6 +286,7 @@ impl Runtime {
                 }
                 Err(_) => {
                     drop(permits);
+                    held.release();
                     self.metrics.fetch_errors.inc();
                     warn!(
                         deadline = %humantime::format_duration(self.call_deadline),
@@ -283,6 +299,7 @@ impl Runtime {
                 }
             }
         }
+        held.release();
         self.drain(&mut tasks, &mut acks).await;
         drop(settle);
     }
@@ -294,11 +311,13 @@ impl Runtime {
     /// ack that did not is redelivered after the visibility timeout).
     async fn ack_and_fetch(
         &self,
+        held: &mut HeldConnection,
         acks: AckBatch,
         install: i64,
         wanted: u32,
     ) -> Result<Result<Vec<Claimed>, QueueError>, tokio::time::error::Elapsed> {
-        let fetch = self.queue.ack_and_fetch(
+        let fetch = self.queue.ack_and_fetch_holding(
+            held,
             &acks.messages,
             &self.group,
             &self.instance,
@@ -326,6 +345,28 @@ impl Runtime {
                 ))));
                 Err(elapsed)
             }
+        }
+    }
+
+    /// Waits for a free handler slot. The connection the last fetch kept (`held`) is kept
+    /// across a short wait ([`slot_while_held`]), the usual gap between a batch's handlers
+    /// finishing and the next fetch; a longer wait hands it back to the pool first (ADR 0051).
+    /// Acks that come while every slot is busy are then settled on their own.
+    async fn free_slot(
+        &self,
+        slots: &Arc<Semaphore>,
+        held: &mut HeldConnection,
+        acks: &mut PendingAcks,
+        stop: &mut watch::Receiver<bool>,
+        state: &mut watch::Receiver<ConsumerState>,
+    ) -> Option<OwnedSemaphorePermit> {
+        if let Some(permit) = slot_while_held(slots, held).await {
+            return Some(permit);
+        }
+        let free = slots.clone().acquire_owned();
+        match self.settling(free, acks, stop, state).await {
+            Some(Ok(permit)) => Some(permit),
+            _ => None,
         }
     }
 
@@ -413,35 +454,6 @@ impl Runtime {
             info!("drained");
         }
     }
-}
-
-/// How long a fetch waits for more handler slots to free up when only a few are free: handlers
-/// that finish together then share one claim (and their acks one commit) instead of each
-/// fetching alone.
-const SLOT_LINGER: Duration = Duration::from_millis(1);
-
-/// Takes `first` and whatever other slots free up within [`SLOT_LINGER`], up to `want`.
-async fn gather_slots(
-    slots: &Arc<Semaphore>,
-    first: OwnedSemaphorePermit,
-    want: usize,
-) -> Vec<OwnedSemaphorePermit> {
-    let mut permits = vec![first];
-    let deadline = tokio::time::Instant::now() + SLOT_LINGER;
-    while permits.len() < want {
-        let next = match slots.clone().try_acquire_owned() {
-            Ok(permit) => Ok(permit),
-            Err(_) => tokio::time::timeout_at(deadline, slots.clone().acquire_owned())
-                .await
-                .map_err(|_| ())
-                .and_then(|acquired| acquired.map_err(|_| ())),
-        };
-        match next {
-            Ok(permit) => permits.push(permit),
-            Err(()) => break,
-        }
-    }
-    permits
 }
 
 /// Runs the handler on one message, keeping its claim alive meanwhile, and settles it: ack on

@@ -15,6 +15,7 @@ use wharf_store::PgStore;
 
 use super::headers_json;
 use crate::error::QueueError;
+use crate::held::HeldConnection;
 use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
 use crate::ClaimStep;
 
@@ -136,9 +137,13 @@ async fn begin_keyed(
 
 /// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
 /// (`(position, token)` of the same group) in the same statement; also reports how many
-/// exhausted messages it moved to the dead letters instead.
+/// exhausted messages it moved to the dead letters instead. The statement runs on `held`'s
+/// connection (or one from the pool), which goes back to `held` when nothing after the
+/// statement needs the pool (ADR 0051).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claim(
     store: &PgStore,
+    held: &mut HeldConnection,
     settings: &QueueSettings,
     group: &GroupName,
     instance: &str,
@@ -150,6 +155,10 @@ pub(crate) async fn claim(
     let visibility = settings.visibility_timeout.as_secs_f64();
     let positions: Vec<i64> = acks.iter().map(|a| a.0).collect();
     let tokens: Vec<i64> = acks.iter().map(|a| a.1).collect();
+    let mut connection = match held.take_postgres() {
+        Some(connection) => connection,
+        None => store.pool().acquire().await?,
+    };
     let settling: Vec<SettlingClaimRow> = sqlx::query_as(CLAIM)
         .bind(group.as_str())
         .bind(max)
@@ -159,7 +168,7 @@ pub(crate) async fn claim(
         .bind(fence)
         .bind(&positions)
         .bind(&tokens)
-        .fetch_all(store.pool())
+        .fetch_all(&mut *connection)
         .await?;
     let mut rows: Vec<ClaimRow> = Vec::with_capacity(settling.len());
     let mut acked = HashSet::new();
@@ -178,6 +187,20 @@ pub(crate) async fn claim(
             }
         }
     }
+    rows.sort_by_key(|row| row.0);
+    let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
+    let (exhausted, live): (Vec<ClaimRow>, Vec<ClaimRow>) =
+        rows.into_iter().partition(|row| row.1 > limit);
+    // Kept only when nothing after this statement needs the pool, and while the pool has a
+    // connection to spare for the rest of the process (its heartbeats, its handlers' calls):
+    // holding the last one would make them wait for this loop.
+    let pool = store.pool();
+    let spare = pool.num_idle() > 0 || pool.size() < pool.options().get_max_connections();
+    if spare && acked.len() == acks.len() && exhausted.is_empty() {
+        held.keep_postgres(connection);
+    } else {
+        drop(connection);
+    }
     if acked.len() < acks.len() {
         let missed: Vec<&(i64, i64)> = acks.iter().filter(|k| !acked.contains(*k)).collect();
         let groups: Vec<&str> = missed.iter().map(|_| group.as_str()).collect();
@@ -190,10 +213,6 @@ pub(crate) async fn claim(
                 .map(|(_, position, token)| (position, token)),
         );
     }
-    rows.sort_by_key(|row| row.0);
-    let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
-    let (exhausted, live): (Vec<ClaimRow>, Vec<ClaimRow>) =
-        rows.into_iter().partition(|row| row.1 > limit);
     let buried = exhausted.len();
     if !exhausted.is_empty() {
         // These were claimed once more than allowed just now (their earlier claims expired);
