@@ -243,22 +243,29 @@ pub async fn plain_claim_and_ack(store: &Store, n: usize) -> ClaimRun {
     .await
 }
 
-/// Claims and deletes up to 10 rows of `plain_queue` in one statement (the strongest plain
-/// queue: no separate ack); returns their ids.
+/// The plain queue's one statement on Postgres: claims and deletes up to `$1` rows.
+const PLAIN_CLAIM_DELETE: &str = "DELETE FROM plain_queue WHERE id = ANY(ARRAY( \
+       SELECT id FROM plain_queue WHERE visible_at <= now() \
+       ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+     RETURNING id, subject, payload";
+
+/// Runs [`PLAIN_CLAIM_DELETE`] on `connection`; returns the ids.
+async fn plain_claim_delete_on(connection: &mut sqlx::PgConnection) -> Vec<i64> {
+    let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(PLAIN_CLAIM_DELETE)
+        .bind(i64::from(FETCH_MAX))
+        .fetch_all(connection)
+        .await
+        .unwrap();
+    rows.into_iter().map(|(id, _, _)| id).collect()
+}
+
+/// Claims and deletes up to 10 rows of `plain_queue` in one statement (no separate ack), on
+/// Postgres on a connection from the pool for each statement; returns their ids.
 pub async fn plain_claim_delete(store: &Store) -> Vec<i64> {
     match store {
         Store::Postgres(s) => {
-            let rows: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(
-                "DELETE FROM plain_queue WHERE id = ANY(ARRAY( \
-                   SELECT id FROM plain_queue WHERE visible_at <= now() \
-                   ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-                 RETURNING id, subject, payload",
-            )
-            .bind(i64::from(FETCH_MAX))
-            .fetch_all(s.pool())
-            .await
-            .unwrap();
-            rows.into_iter().map(|(id, _, _)| id).collect()
+            let mut connection = s.pool().acquire().await.unwrap();
+            plain_claim_delete_on(&mut connection).await
         }
         Store::Sqlite(s) => s
             .write(|ctx| {
@@ -289,6 +296,42 @@ pub async fn plain_claim_delete_all(store: &Store, n: usize) -> ClaimRun {
         |store| async move { plain_claim_delete(&store).await },
     )
     .await
+}
+
+/// Like [`plain_claim_delete_all`], each task on Postgres on one connection it keeps for the
+/// whole loop (as `pgbench` runs it): no pool checkout, and no ping on every return to the
+/// pool. The strongest plain baseline (ADR 0051). On SQLite the same as the pooled loop (one
+/// writer connection either way).
+pub async fn plain_claim_delete_all_held(store: &Store, n: usize) -> ClaimRun {
+    let Store::Postgres(s) = store else {
+        return plain_claim_delete_all(store, n).await;
+    };
+    plain_fill(store, n).await;
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let (pool, done) = (s.pool().clone(), done.clone());
+            tokio::spawn(async move {
+                let mut connection = pool.acquire().await.unwrap();
+                let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
+                while done.load(Ordering::SeqCst) < n {
+                    assert!(start.elapsed() < DEADLINE, "plain queue loop hung");
+                    let settled = plain_claim_delete_on(&mut connection).await;
+                    calls += 1;
+                    if settled.is_empty() {
+                        empty += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    ids.extend_from_slice(&settled);
+                    done.fetch_add(settled.len(), Ordering::SeqCst);
+                }
+                (ids, calls, empty)
+            })
+        })
+        .collect();
+    join_claim_tasks(tasks, start, n).await
 }
 
 /// Fills `plain_queue` with `n` rows, then [`CONSUMERS`] tasks call `settle` (which claims a
