@@ -4,6 +4,8 @@
 //! - when it is published through the same `Wharf` (both backends: the in-process counter);
 //! - on Postgres, when it is published by another `Wharf` with its own connection pool, as
 //!   another process would (the `wharf_publish` notification and the library's listener).
+//! - on Postgres, for every `Wharf` built on clones of one store handle (two instances in one
+//!   process): each listens on a connection of its own.
 //!   Which notifications the listener accepts (its own schema only) is unit-tested in
 //!   `wharf/src/publish_listener.rs`.
 //!
@@ -50,10 +52,15 @@ async fn counted(consumer: &Consumer, what: &str, done: impl Fn(ConsumerStats) -
     .await;
 }
 
-/// Starts a recording consumer of `orders/#` and waits until it is idle.
+/// Starts a recording consumer of `orders/#` in the group `billing` and waits until it is idle.
 async fn idle_consumer(wharf: &Wharf) -> (Consumer, Arc<Mutex<Vec<Claimed>>>) {
+    idle_consumer_of(wharf, "billing").await
+}
+
+/// Starts a recording consumer of `orders/#` in `group` and waits until it is idle.
+async fn idle_consumer_of(wharf: &Wharf, group: &str) -> (Consumer, Arc<Mutex<Vec<Claimed>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
+    let registration = Registration::new(group, "orders", "1", &["orders/#"]).unwrap();
     let consumer = wharf.consume_with(registration, recorder(seen.clone()));
     counted(&consumer, "the consumer's first, empty fetch", |s| {
         s.fetches >= 1
@@ -110,4 +117,31 @@ async fn a_publish_from_another_process_wakes_an_idle_consumer() {
         .collect();
     assert_eq!(seen, vec!["orders/1".to_owned()]);
     consumer.shutdown().await;
+}
+
+/// Two `Wharf`s on clones of one store handle, as an application that builds one per component
+/// would: each one's listener has a connection of its own. With one `LISTEN` connection shared
+/// by the store's clones, the second listener waited for it, gave up after its start timeout,
+/// and left its consumer polling (here: an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_wharf_on_one_store_handle_listens() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let first = hour_poll_wharf(test.store.clone(), &test);
+    let second = hour_poll_wharf(test.store.clone(), &test);
+    let (billing, billing_seen) = idle_consumer_of(&first, "billing").await;
+    let (audit, audit_seen) = idle_consumer_of(&second, "audit").await;
+
+    let publisher = hour_poll_wharf(other_process(&test), &test);
+    publish(&publisher, "orders", "orders/1").await;
+    for consumer in [&billing, &audit] {
+        counted(consumer, "the message handled by each group", |s| {
+            s.handled_ok == 1
+        })
+        .await;
+    }
+    for seen in [billing_seen, audit_seen] {
+        assert_eq!(seen.lock().unwrap()[0].subject, "orders/1");
+    }
+    billing.shutdown().await;
+    audit.shutdown().await;
 }

@@ -1,8 +1,8 @@
 //! Brings other processes' publishes to this process's idle consumers (Postgres).
 //!
 //! Started once per `Wharf`, by its first consumer, before that consumer's first fetch. It
-//! listens on `wharf_publish` on a connection of its own (from the store's one-connection
-//! listen pool, not one of `store.max_connections`) and bumps the queue's wake-up counter
+//! listens on `wharf_publish` on a connection of its own (a one-connection pool the store opens
+//! for it, not one of `store.max_connections`; each `Wharf` on the store has its own) and bumps the queue's wake-up counter
 //! of each topic notified for this schema. When the connection drops, sqlx reconnects and
 //! listens again; notifications sent meanwhile are lost, so it then wakes every topic. If it
 //! cannot listen at all, consumers fall back to polling (`queue.poll_interval`), and it tries
@@ -46,7 +46,7 @@ impl PublishListener {
         if *started {
             return;
         }
-        match tokio::time::timeout(START_TIMEOUT, listen(pg.listen_pool())).await {
+        match tokio::time::timeout(START_TIMEOUT, listen(&pg.listen_pool())).await {
             Ok(Ok((listener, schema))) => {
                 let alive = self.alive.subscribe();
                 tokio::spawn(relay(listener, schema, queue.wakeups().clone(), alive));

@@ -59,10 +59,18 @@ impl PgSettings {
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// One connection for `LISTEN`, outside the pool: held for as long as a listener runs, it
-    /// must not take one of `max_connections` (with a pool of one it would take them all).
-    listen_pool: PgPool,
+    /// How to open a connection for a `LISTEN`, outside the pool: held for as long as a
+    /// listener runs, it must not take one of `max_connections` (with a pool of one it would
+    /// take them all).
+    listen: Arc<ListenSettings>,
     projectors: Arc<Vec<Arc<dyn PgProjector>>>,
+}
+
+/// What [`PgStore::listen_pool`] opens its pools with: the store's own URL, options and schema.
+struct ListenSettings {
+    options: PgConnectOptions,
+    schema: Option<String>,
+    acquire_timeout: Duration,
 }
 
 /// A pooled connection idle at least this long is pinged before it is handed out.
@@ -141,10 +149,14 @@ impl PgStore {
             settings.max_connections,
             settings.acquire_timeout,
         );
-        let listen_pool = build_pool(options, schema, 1, settings.acquire_timeout);
+        let listen = Arc::new(ListenSettings {
+            options,
+            schema,
+            acquire_timeout: settings.acquire_timeout,
+        });
         Ok(Self {
             pool,
-            listen_pool,
+            listen,
             projectors: Arc::new(projectors),
         })
     }
@@ -154,10 +166,18 @@ impl PgStore {
         &self.pool
     }
 
-    /// A pool of one connection beside [`pool`](Self::pool), for a `LISTEN` that holds its
-    /// connection for as long as it runs (same URL, same schema).
-    pub fn listen_pool(&self) -> &PgPool {
-        &self.listen_pool
+    /// A new pool of one connection beside [`pool`](Self::pool), for one `LISTEN` that holds
+    /// its connection for as long as it runs (same URL, same schema). Each call opens a pool of
+    /// its own (lazily: the first use dials), so listeners of several `Wharf`s on clones of one
+    /// store never wait for each other's connection.
+    pub fn listen_pool(&self) -> PgPool {
+        let listen = &self.listen;
+        build_pool(
+            listen.options.clone(),
+            listen.schema.clone(),
+            1,
+            listen.acquire_timeout,
+        )
     }
 
     /// The inline projectors this store runs on every append.
