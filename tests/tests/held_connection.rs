@@ -4,10 +4,12 @@
 //! nothing; and the consumer runtime hands its kept connection back to the pool while its
 //! handlers run longer than the linger, so a busy consumer never holds a connection out of the
 //! pool while it only waits. The publish listener's `LISTEN` connection is not one of the
-//! pool's: a consumer runs on a pool of one.
+//! pool's: a consumer runs on a pool of one. When the server ends every session of a busy
+//! consumer, the kept connection among them, it goes on and loses nothing.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -17,7 +19,7 @@ use wharf::queue::{AckOutcome, Claimed, Headers, HeldConnection, Queue, QueueSet
 use wharf::store::{PgStore, Store};
 use wharf::{Registration, Wharf};
 use wharf_tests::fixtures::{declare, group, msg, topic};
-use wharf_tests::{wait_until, Backend, TestStore};
+use wharf_tests::{pg_url, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -179,10 +181,7 @@ async fn a_consumer_waiting_on_its_handlers_holds_no_connection() {
     wait_until(
         "the claim loop gave its connection back while it waits",
         DEADLINE,
-        || async {
-            eprintln!("size {} idle {}", pg.pool().size(), pg.pool().num_idle());
-            all_idle(pg)
-        },
+        || async { all_idle(pg) },
     )
     .await;
 
@@ -252,4 +251,93 @@ async fn a_consumer_runs_on_a_pool_of_one() {
     let stats = consumer.shutdown().await;
     assert_eq!(stats.handled_ok, 20, "{stats:?}");
     assert_eq!(stats.handled_err + stats.claims_lost, 0, "{stats:?}");
+}
+
+/// The server ends every session of a busy consumer (`pg_terminate_backend`, as a failover or
+/// an operator would), its claim loop's kept connection among them: the consumer goes on, on
+/// new connections, until every message is handled; none is lost (some may be handled twice:
+/// an ack on a dead connection is redelivered after the visibility timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_consumer_whose_sessions_are_terminated_goes_on() {
+    const MESSAGES: usize = 10_000;
+    let test = TestStore::new(Backend::Postgres).await;
+    let schema = test.schema().expect("a Postgres store");
+    // The URL names the consumer's sessions, so the test can end exactly those.
+    let name = format!("wharf_held_{}", std::process::id());
+    let separator = if pg_url().contains('?') { '&' } else { '?' };
+    let settings = wharf::store::PgSettings {
+        url: format!("{}{separator}application_name={name}", pg_url()),
+        max_connections: 4,
+        ..TestStore::pg_settings(schema)
+    };
+    let store = PgStore::connect(&settings, wharf::projections::pg_inline()).expect("a pool");
+    let mut config = test.config();
+    config.declarations.instance_ttl = Duration::from_secs(5);
+    config.queue = QueueConfig {
+        claim_batch: 10,
+        concurrency: 10,
+        poll_interval: Duration::from_millis(20),
+        visibility_timeout: Duration::from_secs(2),
+        ..QueueConfig::default()
+    };
+    let wharf = Wharf::with_store(Store::Postgres(store.clone()), &config);
+    let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
+    wharf.register(&registration).await.unwrap();
+    for chunk in 0..MESSAGES / 500 {
+        let messages = (0..500)
+            .map(|i| {
+                let subject = format!("orders/{}", chunk * 500 + i);
+                (subject.clone(), subject.into_bytes(), Headers::new())
+            })
+            .collect();
+        wharf.publish("orders", messages).await.unwrap();
+    }
+    // Handlers of a millisecond: a batch is done well within the loop's linger, so the loop
+    // keeps its connection from one fetch to the next, and 10,000 take a second at least.
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let consumer = wharf.consume_with(registration, {
+        let seen = seen.clone();
+        handler_fn(move |message: Claimed| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                seen.lock().unwrap().insert(message.subject);
+                Ok(())
+            }
+        })
+    });
+    let handled = |at_least: usize| {
+        let seen = seen.clone();
+        async move { seen.lock().unwrap().len() >= at_least }
+    };
+    wait_until("the consumer is busy", DEADLINE, || handled(MESSAGES / 10)).await;
+    assert!(
+        store.pool().size() as usize > store.pool().num_idle(),
+        "a busy consumer has a connection out of its pool"
+    );
+
+    let Store::Postgres(admin) = &test.store else {
+        unreachable!("a Postgres store")
+    };
+    let ended: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_one(admin.pool())
+    .await
+    .unwrap();
+    assert!(ended >= 1, "the consumer's sessions were ended");
+    assert!(
+        seen.lock().unwrap().len() < MESSAGES,
+        "the sessions were ended while the consumer was busy"
+    );
+
+    wait_until("every message is handled", Duration::from_secs(60), || {
+        handled(MESSAGES)
+    })
+    .await;
+    let stats = consumer.shutdown().await;
+    assert!(stats.handled_ok >= MESSAGES as u64, "{stats:?}");
+    assert_eq!(stats.handled_err, 0, "{stats:?}");
 }

@@ -134,11 +134,17 @@ impl PgStore {
                 reason: "a pool needs at least 1 connection".into(),
             });
         }
+        // Sessions show as `wharf` in `pg_stat_activity` unless the URL names them
+        // (`application_name=...`, to tell services or processes apart).
+        let options = match options.get_application_name() {
+            Some(_) => options,
+            None => options.application_name("wharf"),
+        };
         // No JIT compilation in Wharf's sessions (ADR 0047): every statement it sends is a
         // short keyed read or write, and on stale statistics the planner's estimates passed
         // `jit_above_cost` and compiled a 2-4 ms statement for about 30 ms on every call. Set
         // as a startup option, after any the URL gives.
-        let options = options.application_name("wharf").options([("jit", "off")]);
+        let options = options.options([("jit", "off")]);
         let schema = settings.schema.clone();
         if let Some(schema) = &schema {
             check_schema_name(schema)?;
