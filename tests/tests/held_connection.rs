@@ -34,6 +34,17 @@ fn queue_with_pool(test: &TestStore, max_connections: u32) -> (Queue, PgStore) {
     (queue, store)
 }
 
+/// A queue over a pool of `max_connections` on `test`'s schema, with `messages` published on
+/// `t` and all routed for group `a` (`job/+`), so fetches claim from routed deliveries.
+async fn routed_queue(test: &TestStore, max_connections: u32, messages: usize) -> (Queue, PgStore) {
+    declare(test, "a", "t", &["job/+"]).await;
+    let (queue, store) = queue_with_pool(test, max_connections);
+    let batch: Vec<_> = (0..messages).map(|i| msg(&format!("job/{i}"))).collect();
+    queue.publish(&topic("t"), &batch).await.unwrap();
+    queue.route(&group("a")).await.unwrap();
+    (queue, store)
+}
+
 /// Whether every connection the pool has opened is back in it.
 fn all_idle(store: &PgStore) -> bool {
     store.pool().num_idle() == store.pool().size() as usize
@@ -42,12 +53,7 @@ fn all_idle(store: &PgStore) -> bool {
 #[tokio::test]
 async fn a_full_fetch_keeps_its_connection_and_a_short_one_does_not() {
     let test = TestStore::new(Backend::Postgres).await;
-    declare(&test, "a", "t", &["job/+"]).await;
-    let (queue, store) = queue_with_pool(&test, 3);
-    let batch: Vec<_> = (0..6).map(|i| msg(&format!("job/{i}"))).collect();
-    queue.publish(&topic("t"), &batch).await.unwrap();
-    // Route everything first, so the fetches below claim from routed deliveries.
-    queue.route(&group("a")).await.unwrap();
+    let (queue, store) = routed_queue(&test, 3, 6).await;
 
     let mut held = HeldConnection::default();
     let first = queue
@@ -97,11 +103,7 @@ async fn a_full_fetch_keeps_its_connection_and_a_short_one_does_not() {
 #[tokio::test]
 async fn a_pool_without_a_connection_to_spare_keeps_nothing() {
     let test = TestStore::new(Backend::Postgres).await;
-    declare(&test, "a", "t", &["job/+"]).await;
-    let (queue, store) = queue_with_pool(&test, 1);
-    let batch: Vec<_> = (0..4).map(|i| msg(&format!("job/{i}"))).collect();
-    queue.publish(&topic("t"), &batch).await.unwrap();
-    queue.route(&group("a")).await.unwrap();
+    let (queue, store) = routed_queue(&test, 1, 4).await;
 
     let mut held = HeldConnection::default();
     let fetched = queue

@@ -313,21 +313,12 @@ pub async fn plain_claim_delete_all_held(store: &Store, n: usize) -> ClaimRun {
         .map(|_| {
             let (pool, done) = (s.pool().clone(), done.clone());
             tokio::spawn(async move {
-                let mut connection = pool.acquire().await.unwrap();
-                let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
-                while done.load(Ordering::SeqCst) < n {
-                    assert!(start.elapsed() < DEADLINE, "plain queue loop hung");
+                let connection = pool.acquire().await.unwrap();
+                let settle = |mut connection: sqlx::pool::PoolConnection<sqlx::Postgres>| async move {
                     let settled = plain_claim_delete_on(&mut connection).await;
-                    calls += 1;
-                    if settled.is_empty() {
-                        empty += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
-                    }
-                    ids.extend_from_slice(&settled);
-                    done.fetch_add(settled.len(), Ordering::SeqCst);
-                }
-                (ids, calls, empty)
+                    (connection, settled)
+                };
+                drain_task(connection, settle, &done, start, n).await
             })
         })
         .collect();
@@ -348,24 +339,49 @@ where
         .map(|_| {
             let (store, done, settle) = (store.clone(), done.clone(), settle.clone());
             tokio::spawn(async move {
-                let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
-                while done.load(Ordering::SeqCst) < n {
-                    assert!(start.elapsed() < DEADLINE, "plain queue loop hung");
-                    let settled = settle(store.clone()).await;
-                    calls += 1;
-                    if settled.is_empty() {
-                        empty += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                        continue;
+                let settle = move |store: Store| {
+                    let settle = settle.clone();
+                    async move {
+                        let settled = settle(store.clone()).await;
+                        (store, settled)
                     }
-                    ids.extend_from_slice(&settled);
-                    done.fetch_add(settled.len(), Ordering::SeqCst);
-                }
-                (ids, calls, empty)
+                };
+                drain_task(store, settle, &done, start, n).await
             })
         })
         .collect();
     join_claim_tasks(tasks, start, n).await
+}
+
+/// One task of a timed plain loop: calls `settle` (which claims a batch on `state`, settles it
+/// and hands `state` back with the batch's ids) until `n` are settled by all tasks together;
+/// returns the ids it settled, its calls and its empty calls.
+async fn drain_task<S, F, Fut>(
+    mut state: S,
+    settle: F,
+    done: &AtomicUsize,
+    start: Instant,
+    n: usize,
+) -> (Vec<i64>, usize, usize)
+where
+    F: Fn(S) -> Fut,
+    Fut: std::future::Future<Output = (S, Vec<i64>)>,
+{
+    let (mut ids, mut calls, mut empty) = (Vec::new(), 0usize, 0usize);
+    while done.load(Ordering::SeqCst) < n {
+        assert!(start.elapsed() < DEADLINE, "plain queue loop hung");
+        let (next, settled) = settle(state).await;
+        state = next;
+        calls += 1;
+        if settled.is_empty() {
+            empty += 1;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        }
+        ids.extend_from_slice(&settled);
+        done.fetch_add(settled.len(), Ordering::SeqCst);
+    }
+    (ids, calls, empty)
 }
 
 /// Joins the consumer tasks of one timed loop, each returning (the ids or positions it acked,
