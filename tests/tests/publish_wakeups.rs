@@ -6,6 +6,8 @@
 //!   another process would (the `wharf_publish` notification and the library's listener).
 //! - on Postgres, for every `Wharf` built on clones of one store handle (two instances in one
 //!   process): each listens on a connection of its own.
+//! - on Postgres, a dropped `Wharf` (its consumer shut down) leaves no session behind, its
+//!   listener's included.
 //!   Which notifications the listener accepts (its own schema only) is unit-tested in
 //!   `wharf/src/publish_listener.rs`.
 //!
@@ -144,4 +146,52 @@ async fn every_wharf_on_one_store_handle_listens() {
     }
     billing.shutdown().await;
     audit.shutdown().await;
+}
+
+/// Dropping a `Wharf` and its store handle, after its consumer has shut down, ends every
+/// session it opened, its listener's among them: a process that builds and drops `Wharf`s
+/// keeps no connection behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wharf_leaves_no_session_behind() {
+    let test = TestStore::new(Backend::Postgres).await;
+    let schema = test.schema().expect("a Postgres test store has a schema");
+    // Named, so the test counts exactly this handle's sessions.
+    let name = format!("wharf_dropped_{}", std::process::id());
+    let url = wharf_tests::pg_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    let settings = wharf::store::PgSettings {
+        url: format!("{url}{separator}application_name={name}"),
+        ..TestStore::pg_settings(schema)
+    };
+    let store = PgStore::connect(&settings, wharf::projections::pg_inline()).unwrap();
+    let wharf = hour_poll_wharf(Store::Postgres(store), &test);
+    let (consumer, _) = idle_consumer(&wharf).await;
+    let Store::Postgres(admin) = &test.store else {
+        unreachable!("a Postgres store")
+    };
+    let sessions = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&name)
+        .fetch_one(admin.pool())
+        .await
+        .unwrap()
+    };
+    // The listener's session and at least one of the pool's.
+    wait_until(
+        "the listener and the pool are connected",
+        DEADLINE,
+        || async { sessions().await >= 2 },
+    )
+    .await;
+
+    consumer.shutdown().await;
+    drop(wharf);
+    wait_until(
+        "every session of the dropped Wharf ends",
+        DEADLINE,
+        || async { sessions().await == 0 },
+    )
+    .await;
 }
