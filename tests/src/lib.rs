@@ -27,6 +27,14 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// [`pg_url`] with its sessions named `application_name` (as `pg_stat_activity` shows them), so
+/// a test can find or end exactly the sessions of one store handle or process.
+pub fn pg_url_named(application_name: &str) -> String {
+    let url = pg_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}application_name={application_name}")
+}
+
 /// Which backend a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

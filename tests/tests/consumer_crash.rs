@@ -32,11 +32,7 @@ async fn start(store: &TestStore, dir: &Path, name: &str) -> WorkerProcess {
     let mut url = config.store.url.clone();
     if url.starts_with("postgres") {
         // Named, so the test can tell when the killed process's sessions are gone.
-        let separator = if url.contains('?') { '&' } else { '?' };
-        url = format!(
-            "{url}{separator}application_name={}",
-            application_name(name)
-        );
+        url = wharf_tests::pg_url_named(&application_name(name));
     }
     let mut command = Command::new(env!("CARGO_BIN_EXE_swap_consumer"));
     command

@@ -19,7 +19,7 @@ use wharf::queue::{AckOutcome, Claimed, Headers, HeldConnection, Queue, QueueSet
 use wharf::store::{PgStore, Store};
 use wharf::{Registration, Wharf};
 use wharf_tests::fixtures::{declare, group, msg, topic};
-use wharf_tests::{pg_url, wait_until, Backend, TestStore};
+use wharf_tests::{pg_url_named, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -266,9 +266,8 @@ async fn a_busy_consumer_whose_sessions_are_terminated_goes_on() {
     let schema = test.schema().expect("a Postgres store");
     // The URL names the consumer's sessions, so the test can end exactly those.
     let name = format!("wharf_held_{}", std::process::id());
-    let separator = if pg_url().contains('?') { '&' } else { '?' };
     let settings = wharf::store::PgSettings {
-        url: format!("{}{separator}application_name={name}", pg_url()),
+        url: pg_url_named(&name),
         max_connections: 4,
         ..TestStore::pg_settings(schema)
     };

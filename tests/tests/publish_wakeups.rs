@@ -3,13 +3,13 @@
 //!
 //! - when it is published through the same `Wharf` (both backends: the in-process counter);
 //! - on Postgres, when it is published by another `Wharf` with its own connection pool, as
-//!   another process would (the `wharf_publish` notification and the library's listener).
+//!   another process would (the `wharf_publish` notification and the library's listener);
 //! - on Postgres, for every `Wharf` built on clones of one store handle (two instances in one
 //!   process): each listens on a connection of its own.
-//! - on Postgres, a dropped `Wharf` (its consumer shut down) leaves no session behind, its
-//!   listener's included.
-//!   Which notifications the listener accepts (its own schema only) is unit-tested in
-//!   `wharf/src/publish_listener.rs`.
+//!
+//! and, on Postgres, a dropped `Wharf` (its consumer shut down) leaves no session behind, its
+//! listener's included. Which notifications the listener accepts (its own schema only) is
+//! unit-tested in `wharf/src/publish_listener.rs`.
 //!
 //! Each test first waits until the consumer has made a fetch that came back empty, so it is in
 //! its idle wait when the message is published; the hour-long poll makes a missed wake-up a
@@ -157,10 +157,8 @@ async fn a_dropped_wharf_leaves_no_session_behind() {
     let schema = test.schema().expect("a Postgres test store has a schema");
     // Named, so the test counts exactly this handle's sessions.
     let name = format!("wharf_dropped_{}", std::process::id());
-    let url = wharf_tests::pg_url();
-    let separator = if url.contains('?') { '&' } else { '?' };
     let settings = wharf::store::PgSettings {
-        url: format!("{url}{separator}application_name={name}"),
+        url: wharf_tests::pg_url_named(&name),
         ..TestStore::pg_settings(schema)
     };
     let store = PgStore::connect(&settings, wharf::projections::pg_inline()).unwrap();

@@ -2,8 +2,8 @@
 //!
 //! Started once per `Wharf`, by its first consumer, before that consumer's first fetch. It
 //! listens on `wharf_publish` on a connection of its own (a one-connection pool the store opens
-//! for it, not one of `store.max_connections`; each `Wharf` on the store has its own) and bumps the queue's wake-up counter
-//! of each topic notified for this schema. When the connection drops, sqlx reconnects and
+//! for it, not one of `store.max_connections`; each `Wharf` on the store has its own) and
+//! bumps the queue's wake-up counter of each topic notified for this schema. When the connection drops, sqlx reconnects and
 //! listens again; notifications sent meanwhile are lost, so it then wakes every topic. If it
 //! cannot listen at all, consumers fall back to polling (`queue.poll_interval`), and it tries
 //! again with the next consumer.

@@ -340,11 +340,8 @@ where
             let (store, done, settle) = (store.clone(), done.clone(), settle.clone());
             tokio::spawn(async move {
                 let settle = move |store: Store| {
-                    let settle = settle.clone();
-                    async move {
-                        let settled = settle(store.clone()).await;
-                        (store, settled)
-                    }
+                    let settling = settle(store.clone());
+                    async move { (store, settling.await) }
                 };
                 drain_task(store, settle, &done, start, n).await
             })
