@@ -24,6 +24,13 @@
 //! the version, so a decision is never applied over a snapshot another attempt has moved.
 //! SQLite has one writer and no round trips: there the optimistic form is the locked one.
 //!
+//! The speculative form ([`AttemptForm::Speculative`], ADR 0052) takes one round trip: the
+//! caller says what it knows of the aggregate from its own last attempt ([`Assumed`]: the
+//! version, the observation); the decision runs on that with no new events and the store's
+//! time estimated from its last answer, and the write's statement checks, beside the version,
+//! that the stream head, the observation and the time still hold, else it is a conflict and
+//! nothing was written. An aggregate with a guard never runs speculatively.
+//!
 //! What is aggregate-specific (which
 //! row is the lock, what to observe, the guard, the extra write) is a [`LockedAggregate`]; the
 //! executor itself exists once per backend (`sqlite/executor.rs`, `postgres/executor.rs`).
@@ -63,6 +70,54 @@ impl<O> Snapshot<O> {
             .last()
             .map_or(self.after_sequence.max(0), |e| e.sequence)
     }
+}
+
+/// What a caller knows of an aggregate from its own previous attempt: enough to run the next
+/// one speculatively (ADR 0052), deciding without a read and sending the decision as one
+/// statement that checks these inputs still hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assumed<O> {
+    /// The lock row's version after that attempt.
+    pub version: i64,
+    /// What the aggregate observed then, with that attempt's own writes applied. The write
+    /// compares it with [`LockedAggregate::pg_observe`] as JSON, so its serialized form must be
+    /// the one that expression yields.
+    pub observed: O,
+    /// The time of the aggregate's last decision: the speculative one is timed no earlier,
+    /// so an aggregate's decisions stay in time order.
+    pub not_before: DateTime<Utc>,
+}
+
+/// Which form an attempt runs in; a conflict moves it one step down the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptForm<O> {
+    /// Postgres: no read; decide on [`Assumed`] inputs (and the store's time as estimated from
+    /// its last answer), write in one statement that checks them. One round trip.
+    Speculative(Assumed<O>),
+    /// Postgres: an unlocked read, then a version-checked write (ADR 0037). Two round trips.
+    Optimistic,
+    /// The locked transaction: cannot conflict.
+    Locked,
+}
+
+impl<O> AttemptForm<O> {
+    /// The form to run after a conflict in this one.
+    pub fn after_conflict(&self) -> Self {
+        match self {
+            Self::Speculative(_) => Self::Optimistic,
+            Self::Optimistic | Self::Locked => Self::Locked,
+        }
+    }
+}
+
+/// An attempt's result, and the aggregate's lock-row version once it ran (Postgres; `None` on
+/// SQLite, which never runs speculatively).
+#[derive(Debug, Clone)]
+pub struct Attempted<R> {
+    /// What the decision returned.
+    pub outcome: R,
+    /// The lock row's version after the attempt, for [`Assumed::version`].
+    pub version: Option<i64>,
 }
 
 /// What the decision asks the executor to write.
@@ -143,7 +198,7 @@ impl PgLock {
 #[async_trait]
 pub trait LockedAggregate: Send + Sync + 'static {
     /// What the decision observes beside the events; decoded from JSON on Postgres.
-    type Observed: serde::de::DeserializeOwned + Send + 'static;
+    type Observed: serde::de::DeserializeOwned + serde::Serialize + Send + 'static;
     /// Aggregate-specific state a decision may write beside its events.
     type Extra: Send + Sync + 'static;
 

@@ -38,7 +38,7 @@ pub struct GroupLock {
 }
 
 /// A live instance observed inside the locked transaction.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct LiveInstanceRow {
     /// The instance's declarer identity.
     pub declarer: String,
@@ -47,18 +47,21 @@ pub struct LiveInstanceRow {
 }
 
 /// The attempting declarer's open wait, observed inside the locked transaction.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct OpenWaitRow {
     /// The set it waits for.
     pub patterns: Vec<String>,
-    /// When it first stated that set.
+    /// When it first stated that set (microseconds in JSON: the form the Postgres observation
+    /// yields whatever the session's time zone, so a speculative write can compare it).
+    #[serde(with = "chrono::serde::ts_microseconds")]
     pub declared_at: chrono::DateTime<chrono::Utc>,
 }
 
-/// What a group's decision observes beside its events.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+/// What a group's decision observes beside its events. Its JSON is what
+/// [`LockedAggregate::pg_observe`] yields: a speculative write (ADR 0052) compares the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 pub struct GroupObserved {
-    /// The group's instances with a fresh heartbeat, by declarer.
+    /// The group's instances with a fresh heartbeat, by declarer in byte order.
     pub live: Vec<LiveInstanceRow>,
     /// The attempting declarer's open wait, if it has one.
     pub open_wait: Option<OpenWaitRow>,
@@ -135,11 +138,12 @@ impl LockedAggregate for GroupLock {
         let declarer = args.bind(self.declarer.clone())?;
         Ok(format!(
             "json_build_object('live', COALESCE((SELECT json_agg(json_build_object('declarer', \
-               declarer, 'patterns', patterns) ORDER BY declarer) FROM worker_instance \
-               WHERE group_name = $1 \
+               declarer, 'patterns', patterns) ORDER BY declarer COLLATE \"C\") \
+               FROM worker_instance WHERE group_name = $1 \
                AND heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})), '[]'::json), \
              'open_wait', (SELECT json_build_object('patterns', patterns, 'declared_at', \
-               declared_at) FROM open_wait WHERE group_name = $1 AND declarer = {declarer}))"
+               floor(extract(epoch FROM declared_at) * 1000000)::bigint) \
+               FROM open_wait WHERE group_name = $1 AND declarer = {declarer}))"
         ))
     }
 

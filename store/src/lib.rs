@@ -32,7 +32,10 @@ pub use error::StoreError;
 pub use event::{
     EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, Payload, RecordedEvent,
 };
-pub use executor::{Decision, LockedAggregate, PgGuard, PgLock, Snapshot, StreamLock, Write};
+pub use executor::{
+    Assumed, AttemptForm, Attempted, Decision, LockedAggregate, PgGuard, PgLock, Snapshot,
+    StreamLock, Write,
+};
 pub use group::{
     GroupDecision, GroupExtra, GroupLock, GroupObserved, GroupSnapshot, GroupWrite,
     LiveInstanceRow, OpenWaitRow,
@@ -251,6 +254,38 @@ impl Store {
                 *locked = true;
                 Ok(None)
             }
+            other => other.map(Some),
+        }
+    }
+
+    /// One attempt in `*form` (see [`AttemptForm`]), which the call consumes: afterwards
+    /// `*form` holds [`AttemptForm::after_conflict`] of it. A conflict (what the decision read
+    /// or assumed moved before its write; nothing was written) returns `None`: the caller
+    /// decides again from a fresh state and calls this again, in that next form. SQLite runs
+    /// every form locked (one writer, no round trips to save) and reports no version.
+    pub async fn attempt_in<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+        form: &mut AttemptForm<A::Observed>,
+    ) -> Result<Option<Attempted<Result<T, E>>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+    {
+        let next = form.after_conflict();
+        let this = std::mem::replace(form, next);
+        let attempted = match self {
+            Store::Sqlite(s) => s.execute(target, decide).await.map(|outcome| Attempted {
+                outcome,
+                version: None,
+            }),
+            Store::Postgres(s) => s.attempt_in(target, decide, this).await,
+        };
+        match attempted {
+            Err(StoreError::Conflict { .. }) => Ok(None),
             other => other.map(Some),
         }
     }

@@ -62,6 +62,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(17, "postgres", "0017_open_wait.sql"),
     migration!(18, "postgres", "0018_group_snapshot_position.sql"),
     migration!(19, "postgres", "0019_claim_by_key.sql"),
+    migration!(20, "postgres", "0020_expect_assumed.sql"),
 ];
 
 /// The schema version this build needs.

@@ -10,7 +10,10 @@ use std::convert::Infallible;
 
 use async_trait::async_trait;
 use serde_json::json;
-use wharf::store::{CteStatement, LockedAggregate, NewEvent, PgGuard, Store, StoreError, Write};
+use wharf::store::{
+    Assumed, AttemptForm, Attempted, CteStatement, LockedAggregate, NewEvent, PgGuard, Store,
+    StoreError, Write,
+};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
 /// A test aggregate: observes how many rows `fence` holds; guarded, when `token` is set, by
@@ -379,3 +382,164 @@ on_both_backends!(
     optimistic_refusals_write_nothing,
     optimistic_refusals_write_nothing
 );
+
+/// One attempt in `form` that appends one event after the sequence `after` (the caller's state)
+/// and reports what it observed; `None` is a conflict.
+async fn count_in(
+    store: &Store,
+    after: i64,
+    token: Option<i64>,
+    form: AttemptForm<i64>,
+) -> Option<(Attempted<Result<(i64, i64), Infallible>>, AttemptForm<i64>)> {
+    let mut form = form;
+    let target = Fenced {
+        after_sequence: after,
+        ..Fenced::new("s1", token)
+    };
+    let attempted = store
+        .attempt_in(
+            target,
+            |snapshot| {
+                let next = snapshot.last_sequence() + 1;
+                Ok((Write::events(vec![event(next)]), (next, snapshot.observed)))
+            },
+            &mut form,
+        )
+        .await
+        .expect("the store call succeeds");
+    attempted.map(|attempted| (attempted, form))
+}
+
+fn assumed(version: i64, observed: i64) -> AttemptForm<i64> {
+    AttemptForm::Speculative(Assumed {
+        version,
+        observed,
+        not_before: chrono::DateTime::<chrono::Utc>::MIN_UTC,
+    })
+}
+
+async fn events_of(store: &Store) -> usize {
+    store.load("test_fenced", "s1").await.expect("load").len()
+}
+
+/// ADR 0052 on Postgres: a speculative attempt decides on the version, stream head and
+/// observation it is told to assume, and its one statement lands only when all of them still
+/// hold and its time is not ahead of the store's clock; otherwise it is a conflict that wrote
+/// nothing, and the form to run next is the optimistic one.
+async fn a_speculative_write_lands_only_on_what_it_assumed(backend: Backend) {
+    assert_eq!(backend, Backend::Postgres);
+    let ts = TestStore::new(backend).await;
+    let store = &ts.store;
+    create_fence(store, 1).await;
+    // The first attempt creates the lock row; its answer also tells the store's time.
+    let (first, _) = count_in(store, 0, None, AttemptForm::Optimistic)
+        .await
+        .expect("a first attempt has nothing to conflict with");
+    assert_eq!(first.outcome, Ok((1, 1)));
+    let version = first.version.expect("Postgres reports the version");
+
+    // Each input wrong in turn: a conflict, nothing written, optimistic next.
+    let wrong = [
+        ("version", 1, assumed(version + 1, 1)),
+        ("stream head", 5, assumed(version, 1)),
+        ("observed", 1, assumed(version, 2)),
+    ];
+    for (what, after, form) in wrong {
+        match count_in(store, after, None, form).await {
+            None => {}
+            Some((attempted, _)) => panic!("a wrong {what} landed: {:?}", attempted.outcome),
+        }
+        assert_eq!(events_of(store).await, 1, "a wrong {what} wrote nothing");
+    }
+    let ahead = AttemptForm::Speculative(Assumed {
+        version,
+        observed: 1,
+        not_before: chrono::Utc::now() + chrono::TimeDelta::hours(1),
+    });
+    assert!(
+        count_in(store, 1, None, ahead).await.is_none(),
+        "a decision time ahead of the store's clock conflicts"
+    );
+    assert_eq!(events_of(store).await, 1);
+
+    // Everything as assumed: one event, the version one up.
+    let (landed, _) = count_in(store, 1, None, assumed(version, 1))
+        .await
+        .expect("the assumed inputs hold");
+    assert_eq!(landed.outcome, Ok((2, 1)));
+    assert_eq!(landed.version, Some(version + 1));
+    assert_eq!(events_of(store).await, 2);
+
+    // Another fence row moves the observation without touching the version or the stream.
+    create_fence_row(store, 2).await;
+    assert!(count_in(store, 2, None, assumed(version + 1, 1))
+        .await
+        .is_none());
+    let (read, _) = count_in(store, 2, None, AttemptForm::Optimistic)
+        .await
+        .expect("the optimistic form reads what moved");
+    assert_eq!(read.outcome, Ok((3, 2)));
+    assert_eq!(events_of(store).await, 3);
+}
+
+mod a_speculative_write_lands_only_on_what_it_assumed {
+    #[tokio::test]
+    async fn postgres() {
+        super::a_speculative_write_lands_only_on_what_it_assumed(wharf_tests::Backend::Postgres)
+            .await;
+    }
+}
+
+/// A guarded aggregate never runs speculatively (a guard refuses, it does not conflict), and
+/// SQLite runs every form locked: in both, a wrong assumption changes nothing.
+async fn a_speculative_form_that_cannot_speculate_reads_first(backend: Backend) {
+    let ts = TestStore::new(backend).await;
+    let store = &ts.store;
+    create_fence(store, 7).await;
+    let (first, _) = count_in(store, 0, Some(7), AttemptForm::Optimistic)
+        .await
+        .expect("first");
+    assert_eq!(first.outcome, Ok((1, 1)));
+    let (guarded, _) = count_in(store, 1, Some(7), assumed(-1, 99))
+        .await
+        .expect("a guarded speculative attempt reads instead");
+    assert_eq!(guarded.outcome, Ok((2, 1)));
+    let mut form = assumed(-1, 99);
+    let refused = store
+        .attempt_in(
+            Fenced {
+                after_sequence: 2,
+                ..Fenced::new("s1", Some(6))
+            },
+            |_| Ok::<_, Infallible>((Write::events(vec![event(3)]), ())),
+            &mut form,
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(StoreError::GuardRefused { .. })),
+        "the guard still refuses: {refused:?}"
+    );
+    if backend == Backend::Sqlite {
+        let (plain, _) = count_in(store, 2, None, assumed(-1, 99))
+            .await
+            .expect("SQLite runs it locked");
+        assert_eq!(plain.outcome, Ok((3, 1)));
+        assert_eq!(plain.version, None, "SQLite reports no version");
+    }
+}
+
+on_both_backends!(
+    a_speculative_form_that_cannot_speculate_reads_first,
+    a_speculative_form_that_cannot_speculate_reads_first
+);
+
+async fn create_fence_row(store: &Store, token: i64) {
+    let Store::Postgres(s) = store else {
+        unreachable!("Postgres only")
+    };
+    sqlx::query("INSERT INTO fence VALUES ($1)")
+        .bind(token)
+        .execute(s.pool())
+        .await
+        .expect("fence row");
+}

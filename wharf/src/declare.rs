@@ -1,9 +1,11 @@
 //! One declaration attempt: the edge around the pure Register decision.
 //!
-//! Loads the group's events and live instances through the store's executor (optimistic
-//! first, ADR 0037), folds them into the aggregate, decides with the store's time, and hands
-//! back what to append, with the group's saved state every `declarations.snapshot_every`
-//! events (ADR 0034).
+//! Loads the group's events and live instances through the store's executor, folds them into
+//! the aggregate, decides with the store's time, and hands back what to append, with the
+//! group's saved state every `declarations.snapshot_every` events (ADR 0034). A group this
+//! process attempted on last is decided without a read, on what that attempt left it knowing
+//! (speculative, ADR 0052: one round trip on Postgres, its write checks those inputs); a miss
+//! runs optimistic (ADR 0037), and a conflict there runs locked.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,8 +19,8 @@ use wharf_domain::{
     GROUP_STATE_FORMAT,
 };
 use wharf_store::{
-    GroupExtra, GroupLock, GroupSnapshot, GroupWrite, Heartbeat, NewEvent, SavedGroupState, Store,
-    StoreError,
+    Assumed, AttemptForm, GroupExtra, GroupLock, GroupObserved, GroupSnapshot, GroupWrite,
+    Heartbeat, LiveInstanceRow, NewEvent, OpenWaitRow, SavedGroupState, Store, StoreError,
 };
 
 use crate::error::WharfError;
@@ -63,6 +65,7 @@ enum AttemptError {
 }
 
 /// One group's folded state as this process holds it.
+#[derive(Clone)]
 pub(crate) struct Held {
     /// The stream sequence the state folds up to.
     sequence: i64,
@@ -72,6 +75,9 @@ pub(crate) struct Held {
     /// The saved state was refused (unknown format, undecodable, ahead of the ledger): write a
     /// good one at the next attempt, whatever the interval.
     rewrite: bool,
+    /// What this process's last attempt on the group left it knowing, for a speculative next
+    /// one (ADR 0052); `None` after a cold start or on SQLite.
+    known: Option<Known>,
 }
 
 impl Held {
@@ -81,8 +87,81 @@ impl Held {
             state: ConsumerGroup::default(),
             saved_at: 0,
             rewrite,
+            known: None,
         }
     }
+
+    /// The inputs to assume for `declarer`'s next attempt, when this process may speculate.
+    fn assumed_for(&self, declarer: &DeclarerId) -> Option<Assumed<GroupObserved>> {
+        let known = self.known.as_ref().filter(|known| known.speculate)?;
+        let open_wait = if known.declarer == declarer.as_str() {
+            known.observed.open_wait.clone()
+        } else {
+            // Another declarer of this process: most declarers never wait; a wrong guess is
+            // a miss, not a wrong decision.
+            None
+        };
+        Some(Assumed {
+            version: known.version,
+            not_before: known.decided_at,
+            observed: GroupObserved {
+                live: known.observed.live.clone(),
+                open_wait,
+            },
+        })
+    }
+}
+
+/// A group's lock-row version after this process's last attempt on it, and what that attempt
+/// observed with its own writes applied (its heartbeat, its declarer's open wait).
+#[derive(Clone)]
+struct Known {
+    version: i64,
+    /// Whose open wait `observed.open_wait` is.
+    declarer: String,
+    observed: GroupObserved,
+    /// The store time that attempt decided at.
+    decided_at: DateTime<Utc>,
+    /// False after a speculative miss: the next attempt reads first (a group another process
+    /// writes to would otherwise miss every time, a round trip wasted on each).
+    speculate: bool,
+}
+
+/// What a decided attempt leaves the group observing: the snapshot's observation with the
+/// attempt's own writes applied.
+fn observed_after(
+    mut observed: GroupObserved,
+    declarer: &DeclarerId,
+    heartbeat: Option<&Heartbeat>,
+    events: &[DeclarationEvent],
+) -> GroupObserved {
+    if let Some(heartbeat) = heartbeat {
+        let row = LiveInstanceRow {
+            declarer: heartbeat.declarer.clone(),
+            patterns: heartbeat.patterns.clone(),
+        };
+        // Byte order, as the observation sorts it (`COLLATE "C"`).
+        let live = &mut observed.live;
+        match live.binary_search_by(|r| r.declarer.as_bytes().cmp(row.declarer.as_bytes())) {
+            Ok(at) => live[at] = row,
+            Err(at) => live.insert(at, row),
+        }
+    }
+    for event in events {
+        match event {
+            DeclarationEvent::Waiting { attempt, .. } if attempt.declarer == *declarer => {
+                observed.open_wait = Some(OpenWaitRow {
+                    patterns: attempt.patterns.patterns(),
+                    declared_at: attempt.declared_at,
+                });
+            }
+            DeclarationEvent::Installed { attempt, .. } if attempt.declarer == *declarer => {
+                observed.open_wait = None;
+            }
+            _ => {}
+        }
+    }
+    observed
 }
 
 /// One group's slot: its held state, behind an async lock that serializes this process's
@@ -142,17 +221,29 @@ impl Attempter<'_> {
         // Held across the attempt: a failed or cancelled attempt leaves the slot empty, and
         // the next one starts cold (from the saved state).
         let mut held = slot.lock().await;
-        // Optimistic first (two round trips on Postgres); after a conflict, locked, which
-        // cannot conflict, from the saved state (the held one went into the conflicted
-        // decision). After a stale start, from the first event.
-        let mut locked = false;
+        // Speculative first when this process knows the group from its last attempt (one round
+        // trip on Postgres), optimistic otherwise or after a miss (two), locked after a
+        // conflict there (which cannot conflict). A speculative miss starts again from a copy
+        // of the held state (it is still exact: only what was assumed beside it moved); an
+        // optimistic conflict from the saved state (the held one went into the decision).
+        // After a stale start, from the first event.
+        let mut form = AttemptForm::Optimistic;
+        let mut spare: Option<Held> = None;
+        let mut speculated = false;
         let mut trust_saved = true;
-        for _ in 0..3 {
-            let start = match held.take() {
+        for round in 0..4 {
+            let start = match held.take().or_else(|| spare.take()) {
                 Some(start) => start,
                 None if trust_saved => self.cold_start(group).await?,
                 None => Held::empty(true),
             };
+            if round == 0 {
+                if let Some(assumed) = start.assumed_for(self.declarer) {
+                    form = AttemptForm::Speculative(assumed);
+                    spare = Some(start.clone());
+                    speculated = true;
+                }
+            }
             let lock = GroupLock {
                 group: group.to_owned(),
                 topic: registration.topic.to_string(),
@@ -168,11 +259,21 @@ impl Attempter<'_> {
                 first_declared_at,
                 self.snapshot_every,
             );
-            let Some(decided) = self.store.attempt(lock, decide, &mut locked).await? else {
+            let Some(attempted) = self.store.attempt_in(lock, decide, &mut form).await? else {
                 continue;
             };
-            match decided {
-                Ok((outcome, next)) => {
+            // Whatever ran after a miss reads first; the spare is not needed any more.
+            let missed = speculated && round > 0;
+            spare = None;
+            match attempted.outcome {
+                Ok((outcome, mut next, (observed, decided_at))) => {
+                    next.known = attempted.version.map(|version| Known {
+                        version,
+                        declarer: self.declarer.to_string(),
+                        observed,
+                        decided_at,
+                        speculate: !missed,
+                    });
                     *held = Some(next);
                     return Ok(outcome);
                 }
@@ -211,6 +312,7 @@ impl Attempter<'_> {
                 state,
                 saved_at: saved.sequence,
                 rewrite: !is_current_format(saved.format),
+                known: None,
             }),
             Err(refused) => {
                 tracing::warn!(
@@ -225,7 +327,9 @@ impl Attempter<'_> {
     }
 }
 
-type Decided = (RegisterOutcome, Held);
+/// The outcome, the state after it, what the group observes after it (see
+/// [`observed_after`]) and the decision's time.
+type Decided = (RegisterOutcome, Held, (GroupObserved, DateTime<Utc>));
 
 /// The pure closure the locked executor runs: fold the new events into the held state,
 /// decide, and say what to write (with the group's saved state when one is due) and what state
@@ -242,6 +346,8 @@ fn decision(
         if snapshot.stream_head < snapshot.after_sequence {
             return Err(AttemptError::Stale);
         }
+        // What the caller knew is replaced after the attempt (or forgotten, after a refusal).
+        held.known = None;
         fold(&mut held.state, snapshot).map_err(AttemptError::Corrupt)?;
         held.sequence = snapshot.last_sequence();
         let command = Register {
@@ -274,6 +380,12 @@ fn decision(
             version: registration.version.to_string(),
             patterns: registration.bindings.patterns(),
         });
+        let observed = observed_after(
+            snapshot.observed.clone(),
+            &declarer,
+            heartbeat.as_ref(),
+            &decision.events,
+        );
         held.sequence += decision.events.len() as i64;
         fold_group(&mut held.state, decision.events);
         let saved_state = save_due(&held, snapshot_every).then(|| SavedGroupState {
@@ -291,7 +403,10 @@ fn decision(
             heartbeat,
             saved_state,
         });
-        Ok((GroupWrite { events, extra }, (decision.outcome, held)))
+        Ok((
+            GroupWrite { events, extra },
+            (decision.outcome, held, (observed, snapshot.now)),
+        ))
     }
 }
 
@@ -336,4 +451,91 @@ fn open_wait(snapshot: &GroupSnapshot) -> Result<Option<OpenWait>, StoreError> {
         patterns: BindingSet::parse(&row.patterns).map_err(|e| StoreError::decode(0, e))?,
         declared_at: row.declared_at,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use wharf_domain::{AppVersion, Attempt};
+
+    use super::*;
+
+    fn row(declarer: &str, patterns: &[&str]) -> LiveInstanceRow {
+        LiveInstanceRow {
+            declarer: declarer.to_owned(),
+            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+
+    fn heartbeat(declarer: &str, patterns: &[&str]) -> Heartbeat {
+        Heartbeat {
+            declarer: declarer.to_owned(),
+            version: "1".to_owned(),
+            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+
+    fn attempt(declarer: &str, patterns: &[&str], at: DateTime<Utc>) -> Attempt {
+        Attempt {
+            group: GroupName::parse("group", "g").unwrap(),
+            topic: TopicName::parse("topic", "t").unwrap(),
+            declarer: DeclarerId::parse("declarer", declarer).unwrap(),
+            version: AppVersion::parse("version", "1").unwrap(),
+            patterns: BindingSet::parse(patterns).unwrap(),
+            declared_at: at,
+            attempt_at: at,
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_joins_the_live_list_in_byte_order() {
+        let observed = GroupObserved {
+            live: vec![row("B", &["x"]), row("a", &["x"])],
+            open_wait: None,
+        };
+        let me = DeclarerId::parse("declarer", "Z").unwrap();
+        let after = observed_after(observed, &me, Some(&heartbeat("Z", &["y"])), &[]);
+        let order: Vec<&str> = after.live.iter().map(|r| r.declarer.as_str()).collect();
+        assert_eq!(
+            order,
+            vec!["B", "Z", "a"],
+            "upper case sorts before lower in bytes"
+        );
+        let again = observed_after(after, &me, Some(&heartbeat("Z", &["z"])), &[]);
+        assert_eq!(again.live.len(), 3, "a second heartbeat replaces the row");
+        assert_eq!(again.live[1], row("Z", &["z"]));
+    }
+
+    #[test]
+    fn the_declarer_s_own_events_move_its_open_wait() {
+        let me = DeclarerId::parse("declarer", "me").unwrap();
+        let at = Utc::now();
+        let waiting = DeclarationEvent::Waiting {
+            attempt: attempt("me", &["a/#"], at),
+            incumbent: BindingSet::parse(&["b/#"]).unwrap(),
+            live_declarers: vec![DeclarerId::parse("declarer", "old").unwrap()],
+        };
+        let after = observed_after(GroupObserved::default(), &me, None, &[waiting]);
+        assert_eq!(
+            after.open_wait,
+            Some(OpenWaitRow {
+                patterns: vec!["a/#".to_owned()],
+                declared_at: at,
+            })
+        );
+        let someone_else = DeclarationEvent::Installed {
+            attempt: attempt("other", &["c/#"], at),
+            previous: None,
+        };
+        let after = observed_after(after, &me, None, &[someone_else]);
+        assert!(
+            after.open_wait.is_some(),
+            "another's install of another set"
+        );
+        let installed = DeclarationEvent::Installed {
+            attempt: attempt("me", &["a/#"], at),
+            previous: None,
+        };
+        let after = observed_after(after, &me, None, &[installed]);
+        assert_eq!(after.open_wait, None, "its own install closes its wait");
+    }
 }

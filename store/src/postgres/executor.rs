@@ -15,7 +15,7 @@ use super::events::append_in_tx;
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::RecordedEvent;
-use crate::executor::{Decision, LockedAggregate, Snapshot, Write};
+use crate::executor::{Attempted, Decision, LockedAggregate, Snapshot, Write};
 use crate::projector::CteStatement;
 
 impl PgStore {
@@ -31,16 +31,35 @@ impl PgStore {
         E: Send,
         F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
     {
+        Ok(self.execute_locked(target, decide).await?.outcome)
+    }
+
+    /// [`PgStore::execute`], also telling the lock row's version after it.
+    pub(super) async fn execute_locked<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+    ) -> Result<Attempted<Result<T, E>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send,
+        E: Send,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+    {
         let mut tx = self.pool.begin().await?;
-        let snapshot = match lock_and_read(&mut tx, &target).await? {
-            Some(snapshot) => snapshot,
-            None => read_again(&mut tx, &target).await?,
+        let (version, snapshot) = match lock_and_read(&mut tx, &target).await? {
+            (version, Some(snapshot)) => (version, snapshot),
+            (version, None) => (version, read_again(&mut tx, &target).await?),
         };
+        self.clock.heard(snapshot.now);
         let (Write { events, extra }, value) = match decide(&snapshot) {
             Ok(decided) => decided,
             Err(e) => {
                 tx.rollback().await?;
-                return Ok(Err(e));
+                return Ok(Attempted {
+                    outcome: Err(e),
+                    version: None,
+                });
             }
         };
         append_in_tx(
@@ -56,7 +75,10 @@ impl PgStore {
             target.pg_write_extra(&mut tx, extra).await?;
         }
         tx.commit().await?;
-        Ok(Ok(value))
+        Ok(Attempted {
+            outcome: Ok(value),
+            version: Some(version),
+        })
     }
 }
 
@@ -96,12 +118,12 @@ pub(super) fn snapshot_columns<A: LockedAggregate>(
     Ok((columns, guard.map(|g| g.refusal)))
 }
 
-/// Takes the lock and reads the snapshot in one round trip; `None` means the snapshot may be
-/// older than the lock and must be read again.
+/// Takes the lock and reads the snapshot in one round trip: the version the lock wrote, and the
+/// snapshot, `None` when it may be older than the lock and must be read again.
 async fn lock_and_read<A: LockedAggregate>(
     conn: &mut PgConnection,
     target: &A,
-) -> Result<Option<Snapshot<A::Observed>>, StoreError> {
+) -> Result<(i64, Option<Snapshot<A::Observed>>), StoreError> {
     let mut args = base_args(target)?;
     let lock = target.pg_lock(&mut args)?;
     let (columns, refusal) = snapshot_columns(target, &mut args)?;
@@ -117,9 +139,9 @@ async fn lock_and_read<A: LockedAggregate>(
         Some(seen) => seen + 1 == written,
     };
     if !consistent {
-        return Ok(None);
+        return Ok((written, None));
     }
-    snapshot_of(target, &row, 2, refusal).map(Some)
+    Ok((written, Some(snapshot_of(target, &row, 2, refusal)?)))
 }
 
 /// Reads the snapshot again, now under the lock.

@@ -7,6 +7,7 @@
 //! (ADR 0002). The lock key is derived from the schema, so several Wharf schemas in one database
 //! do not contend. The store's clock is the database's `clock_timestamp()`.
 
+mod clock;
 mod events;
 mod executor;
 mod group;
@@ -64,6 +65,9 @@ pub struct PgStore {
     /// take them all).
     listen: Arc<ListenSettings>,
     projectors: Arc<Vec<Arc<dyn PgProjector>>>,
+    /// The store's clock as this process last heard it, shared by the handle's clones: what a
+    /// speculative attempt times its decision with (ADR 0052).
+    clock: Arc<clock::StoreClock>,
 }
 
 /// What [`PgStore::listen_pool`] opens its pools with: the store's own URL, options and schema.
@@ -164,6 +168,7 @@ impl PgStore {
             pool,
             listen,
             projectors: Arc::new(projectors),
+            clock: Arc::default(),
         })
     }
 

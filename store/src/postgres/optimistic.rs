@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection, Row};
 
 use super::events::{append_in_tx, conflict_or, insert_ctes};
@@ -25,7 +26,9 @@ use super::executor::{base_args, fetch, snapshot_columns, snapshot_of};
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::{EventRef, NewEvent};
-use crate::executor::{Decision, LockedAggregate, PgLock, Snapshot, Write};
+use crate::executor::{
+    Assumed, AttemptForm, Attempted, Decision, LockedAggregate, PgLock, Snapshot, Write,
+};
 use crate::projector::{CteStatement, PgProjector};
 
 /// The SQLSTATE `wharf_expect_version` raises (migration 0011).
@@ -46,26 +49,203 @@ impl PgStore {
         E: Send,
         F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
     {
+        Ok(self.attempt_optimistic(target, decide).await?.outcome)
+    }
+
+    /// One attempt in `form` (see [`AttemptForm`]); [`StoreError::Conflict`] when it must run
+    /// again in [`AttemptForm::after_conflict`]. A speculative attempt with no fresh estimate
+    /// of the store's time runs optimistically instead.
+    pub async fn attempt_in<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+        form: AttemptForm<A::Observed>,
+    ) -> Result<Attempted<Result<T, E>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send,
+        E: Send,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+    {
+        match form {
+            AttemptForm::Locked => self.execute_locked(target, decide).await,
+            AttemptForm::Optimistic => self.attempt_optimistic(target, decide).await,
+            // A guard is checked by the read (it can refuse, not only conflict): a guarded
+            // aggregate never runs speculatively.
+            AttemptForm::Speculative(_) if has_guard(&target)? => {
+                self.attempt_optimistic(target, decide).await
+            }
+            AttemptForm::Speculative(assumed) => match self.clock.estimate() {
+                Some(now) => {
+                    let now = now.max(assumed.not_before);
+                    self.attempt_speculative(target, decide, assumed, now).await
+                }
+                None => self.attempt_optimistic(target, decide).await,
+            },
+        }
+    }
+
+    async fn attempt_optimistic<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+    ) -> Result<Attempted<Result<T, E>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send,
+        E: Send,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+    {
         let mut conn = self.pool.acquire().await?;
         let Some(read) = read_unlocked(&mut conn, &target).await? else {
             drop(conn);
-            return self.execute(target, decide).await;
+            return self.execute_locked(target, decide).await;
         };
+        self.clock.heard(read.snapshot.now);
         let (write, value) = match decide(&read.snapshot) {
             Ok(decided) => decided,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => {
+                return Ok(Attempted {
+                    outcome: Err(e),
+                    version: None,
+                })
+            }
         };
+        let mut version = read.version;
         if !write.events.is_empty() || write.extra.is_some() {
             let checked = CheckedWrite {
                 target: &target,
                 projectors: &self.projectors,
                 version: read.version,
                 last_sequence: read.snapshot.last_sequence(),
+                assumed: None,
             };
             checked.run(&mut conn, write).await?;
+            version += 1;
         }
-        Ok(Ok(value))
+        Ok(Attempted {
+            outcome: Ok(value),
+            version: Some(version),
+        })
     }
+
+    /// The speculative form (ADR 0052): decide on `assumed` at the estimated store time `now`
+    /// with no events after the caller's sequence, then one statement that checks the version,
+    /// the stream head, the observed value and the time before it writes. A decision that
+    /// writes nothing is checked the same way, without the version bump; a refusal is not
+    /// trusted (it was decided on inputs nobody checked) and is a conflict too.
+    async fn attempt_speculative<A, T, E, F>(
+        &self,
+        target: A,
+        decide: F,
+        assumed: Assumed<A::Observed>,
+        now: DateTime<Utc>,
+    ) -> Result<Attempted<Result<T, E>>, StoreError>
+    where
+        A: LockedAggregate,
+        T: Send,
+        E: Send,
+        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+    {
+        let head = target.after_sequence();
+        let snapshot = Snapshot {
+            events: Vec::new(),
+            after_sequence: head,
+            stream_head: head,
+            observed: assumed.observed,
+            now,
+        };
+        let Ok((write, value)) = decide(&snapshot) else {
+            return Err(conflict(
+                &target,
+                head,
+                "a refusal decided on assumed inputs",
+            ));
+        };
+        let inputs = AssumedInputs {
+            observed: serde_json::to_value(&snapshot.observed)?,
+            now,
+        };
+        let mut conn = self.pool.acquire().await?;
+        let mut version = assumed.version;
+        let store_time = if write.events.is_empty() && write.extra.is_none() {
+            check_unwritten(&mut conn, &target, assumed.version, &inputs).await?
+        } else {
+            let checked = CheckedWrite {
+                target: &target,
+                projectors: &self.projectors,
+                version: assumed.version,
+                last_sequence: head,
+                assumed: Some(&inputs),
+            };
+            version += 1;
+            checked.run(&mut conn, write).await?
+        };
+        if let Some(store_time) = store_time {
+            self.clock.heard(store_time);
+        }
+        Ok(Attempted {
+            outcome: Ok(value),
+            version: Some(version),
+        })
+    }
+}
+
+/// Whether `target` has a guard its writes must pass.
+fn has_guard<A: LockedAggregate>(target: &A) -> Result<bool, StoreError> {
+    Ok(target.pg_guard(&mut CteStatement::default())?.is_some())
+}
+
+/// What a speculative decision took for granted beside the version and the stream head.
+struct AssumedInputs {
+    /// The observed value, as the JSON [`LockedAggregate::pg_observe`] yields.
+    observed: serde_json::Value,
+    /// The decision's time.
+    now: DateTime<Utc>,
+}
+
+/// Adds the checks of a speculative decision's inputs to `statement` and returns them as one
+/// boolean expression that is true or raises `WH409` naming the input that moved: the stream
+/// head is still the caller's sequence (`$3`), the observed value is the assumed one, and the
+/// decision's time is not ahead of the store's clock.
+fn assumed_checks<A: LockedAggregate>(
+    target: &A,
+    statement: &mut CteStatement,
+    inputs: &AssumedInputs,
+) -> Result<String, StoreError> {
+    let observe = target.pg_observe(statement)?;
+    let observed = statement.bind(sqlx::types::Json(inputs.observed.clone()))?;
+    let now = statement.bind(inputs.now)?;
+    Ok(format!(
+        "wharf_expect_assumed(COALESCE((SELECT sequence FROM events \
+           WHERE aggregate_type = $2 AND aggregate_id = $1 ORDER BY sequence DESC LIMIT 1), 0) \
+           = $3, 'stream head') \
+         AND wharf_expect_assumed(({observe})::jsonb = {observed}::jsonb, 'observed') \
+         AND wharf_expect_assumed(clock_timestamp() >= {now}, 'decision time')"
+    ))
+}
+
+/// Checks a speculative decision that writes nothing: the version unmoved (no bump, no lock)
+/// and its inputs as assumed, in one statement; the store's time it answered with.
+async fn check_unwritten<A: LockedAggregate>(
+    conn: &mut PgConnection,
+    target: &A,
+    version: i64,
+    inputs: &AssumedInputs,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    let mut statement = base_args(target)?;
+    let lock = target.pg_lock(&mut statement)?;
+    let expected = statement.bind(version)?;
+    let checks = assumed_checks(target, &mut statement, inputs)?;
+    let (sql, args) = statement.finish(&format!(
+        "SELECT wharf_expect_version(({})::bigint, {expected}) AND {checks}, clock_timestamp()",
+        lock.seen
+    ));
+    let row = sqlx::query_with(&sql, args)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| conflict_or_moved(e, target, target.after_sequence()))?;
+    Ok(Some(row.try_get(1)?))
 }
 
 /// The unlocked snapshot read an optimistic attempt on `target` sends: its text and its
@@ -116,22 +296,30 @@ async fn read_unlocked<A: LockedAggregate>(
     Ok(Some(UnlockedRead { version, snapshot }))
 }
 
-/// The write of a decision taken on an unlocked read.
+/// The write of a decision taken on an unlocked read, or on assumed inputs.
 struct CheckedWrite<'a, A> {
     target: &'a A,
     projectors: &'a [Arc<dyn PgProjector>],
     version: i64,
     last_sequence: i64,
+    /// A speculative decision's inputs, checked with the version.
+    assumed: Option<&'a AssumedInputs>,
 }
 
 impl<A: LockedAggregate> CheckedWrite<'_, A> {
-    async fn run(&self, conn: &mut PgConnection, write: Write<A::Extra>) -> Result<(), StoreError> {
+    /// Writes, or fails with [`StoreError::Conflict`] having written nothing; the store's time
+    /// when the write was one statement (which answers with it).
+    async fn run(
+        &self,
+        conn: &mut PgConnection,
+        write: Write<A::Extra>,
+    ) -> Result<Option<DateTime<Utc>>, StoreError> {
         if let Some((sql, args)) = self.one_statement(&write)? {
-            sqlx::query_with(&sql, args)
-                .execute(&mut *conn)
+            let row = sqlx::query_with(&sql, args)
+                .fetch_one(&mut *conn)
                 .await
                 .map_err(|e| self.conflict_or(e))?;
-            return Ok(());
+            return Ok(Some(row.try_get(1)?));
         }
         let mut tx = conn.begin().await?;
         let (sql, args) = self
@@ -154,11 +342,11 @@ impl<A: LockedAggregate> CheckedWrite<'_, A> {
             self.target.pg_write_extra(&mut tx, extra).await?;
         }
         tx.commit().await?;
-        Ok(())
+        Ok(None)
     }
 
-    /// The version bump and its check, as the first CTEs of a statement; `version_checked`
-    /// has one row once the check passed.
+    /// The version bump and its check (with a speculative decision's, its inputs' checks), as
+    /// the first CTEs of a statement; `version_checked` has one row once the checks passed.
     fn version_check(&self) -> Result<CteStatement, StoreError> {
         let mut statement = base_args(self.target)?;
         let lock = self.target.pg_lock(&mut statement)?;
@@ -169,18 +357,26 @@ impl<A: LockedAggregate> CheckedWrite<'_, A> {
             )
         })?;
         let expected = statement.bind(self.version + 1)?;
+        let assumed = match self.assumed {
+            Some(inputs) => format!(
+                " AND {}",
+                assumed_checks(self.target, &mut statement, inputs)?
+            ),
+            None => String::new(),
+        };
         statement.cte("version_bump", &bump);
         statement.cte(
             "version_checked",
             &format!(
                 "SELECT wharf_expect_version((SELECT version FROM version_bump), {expected}) \
-                 AS checked"
+                 {assumed} AS checked"
             ),
         );
         Ok(statement)
     }
 
-    /// The whole write as one statement, or `None` when it cannot be one.
+    /// The whole write as one statement answering with the store's time, or `None` when it
+    /// cannot be one.
     fn one_statement(
         &self,
         write: &Write<A::Extra>,
@@ -211,9 +407,9 @@ impl<A: LockedAggregate> CheckedWrite<'_, A> {
             };
             statement.cte("extra_write", &body);
         }
-        Ok(Some(
-            statement.finish("SELECT checked FROM version_checked"),
-        ))
+        Ok(Some(statement.finish(
+            "SELECT checked, clock_timestamp() FROM version_checked",
+        )))
     }
 
     fn pending<'e>(&'e self, event: &'e NewEvent) -> EventRef<'e> {
@@ -227,22 +423,38 @@ impl<A: LockedAggregate> CheckedWrite<'_, A> {
         }
     }
 
-    /// A moved version or a taken sequence is a conflict; anything else is itself.
     fn conflict_or(&self, e: sqlx::Error) -> StoreError {
-        let moved =
-            matches!(&e, sqlx::Error::Database(db) if db.code().as_deref() == Some(VERSION_MOVED));
-        if moved {
-            return StoreError::Conflict {
-                aggregate_type: self.target.aggregate_type().to_owned(),
-                aggregate_id: self.target.aggregate_id().to_owned(),
-                sequence: self.last_sequence + 1,
-            };
+        conflict_or_moved(e, self.target, self.last_sequence + 1)
+    }
+}
+
+/// A moved version or input (`WH409`) or a taken sequence is a conflict at `sequence`;
+/// anything else is itself.
+fn conflict_or_moved<A: LockedAggregate>(e: sqlx::Error, target: &A, sequence: i64) -> StoreError {
+    let moved = match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(VERSION_MOVED) => {
+            Some(db.message().to_owned())
         }
-        conflict_or(
-            e,
-            self.target.aggregate_type(),
-            self.target.aggregate_id(),
-            self.last_sequence + 1,
-        )
+        _ => None,
+    };
+    match moved {
+        Some(why) => conflict(target, sequence, &why),
+        None => conflict_or(e, target.aggregate_type(), target.aggregate_id(), sequence),
+    }
+}
+
+/// The conflict an attempt on `target` at `sequence` reports, and why (traced at debug).
+fn conflict<A: LockedAggregate>(target: &A, sequence: i64, why: &str) -> StoreError {
+    tracing::debug!(
+        aggregate_type = target.aggregate_type(),
+        aggregate_id = target.aggregate_id(),
+        sequence,
+        why,
+        "attempt conflicted; it runs again in the next form"
+    );
+    StoreError::Conflict {
+        aggregate_type: target.aggregate_type().to_owned(),
+        aggregate_id: target.aggregate_id().to_owned(),
+        sequence,
     }
 }
