@@ -169,3 +169,28 @@ mod another_process_s_install_is_never_overwritten_or_joined {
         .await;
     }
 }
+
+/// The connection a register keeps for the next one (no return ping between registers) goes
+/// back to the pool once it lies unused: the pool ends with every connection idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_goes_back_to_the_pool_when_unused() {
+    let store = TestStore::new(Backend::Postgres).await;
+    let wharf = store.wharf();
+    for (n, set) in [["orders/a"], ["orders/b"], ["orders/c"]].iter().enumerate() {
+        register_as(&wharf, &format!("deploy-{n}"), set).await;
+    }
+    let Store::Postgres(pg) = &store.store else {
+        unreachable!("a Postgres store")
+    };
+    let pool = pg.pool().clone();
+    assert!(pool.size() >= 1, "the registers opened a connection");
+    wharf_tests::wait_until(
+        "every connection of the pool idle again",
+        std::time::Duration::from_secs(5),
+        || {
+            let pool = pool.clone();
+            async move { pool.num_idle() == pool.size() as usize }
+        },
+    )
+    .await;
+}

@@ -11,6 +11,7 @@ mod clock;
 mod events;
 mod executor;
 mod group;
+mod kept;
 mod optimistic;
 mod rebuild;
 
@@ -68,6 +69,9 @@ pub struct PgStore {
     /// The store's clock as this process last heard it, shared by the handle's clones: what a
     /// speculative attempt times its decision with (ADR 0052).
     clock: Arc<clock::StoreClock>,
+    /// The connection of the handle's last successful attempt, kept for the next one for a few
+    /// milliseconds (no return ping between registers; ADR 0052).
+    kept: Arc<kept::KeptConnection>,
 }
 
 /// What [`PgStore::listen_pool`] opens its pools with: the store's own URL, options and schema.
@@ -169,6 +173,7 @@ impl PgStore {
             listen,
             projectors: Arc::new(projectors),
             clock: Arc::default(),
+            kept: Arc::default(),
         })
     }
 

@@ -96,7 +96,7 @@ impl PgStore {
         E: Send,
         F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
     {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.kept.take(&self.pool).await?;
         let Some(read) = read_unlocked(&mut conn, &target).await? else {
             drop(conn);
             return self.execute_locked(target, decide).await;
@@ -123,6 +123,7 @@ impl PgStore {
             checked.run(&mut conn, write).await?;
             version += 1;
         }
+        self.kept.keep(&self.pool, conn);
         Ok(Attempted {
             outcome: Ok(value),
             version: Some(version),
@@ -166,7 +167,7 @@ impl PgStore {
             observed: serde_json::to_value(&snapshot.observed)?,
             now,
         };
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = self.kept.take(&self.pool).await?;
         let mut version = assumed.version;
         let store_time = if write.events.is_empty() && write.extra.is_none() {
             check_unwritten(&mut conn, &target, assumed.version, &inputs).await?
@@ -184,6 +185,7 @@ impl PgStore {
         if let Some(store_time) = store_time {
             self.clock.heard(store_time);
         }
+        self.kept.keep(&self.pool, conn);
         Ok(Attempted {
             outcome: Ok(value),
             version: Some(version),
