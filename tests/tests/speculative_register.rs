@@ -176,7 +176,10 @@ mod another_process_s_install_is_never_overwritten_or_joined {
 async fn a_kept_connection_goes_back_to_the_pool_when_unused() {
     let store = TestStore::new(Backend::Postgres).await;
     let wharf = store.wharf();
-    for (n, set) in [["orders/a"], ["orders/b"], ["orders/c"]].iter().enumerate() {
+    for (n, set) in [["orders/a"], ["orders/b"], ["orders/c"]]
+        .iter()
+        .enumerate()
+    {
         register_as(&wharf, &format!("deploy-{n}"), set).await;
     }
     let Store::Postgres(pg) = &store.store else {
