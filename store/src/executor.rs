@@ -152,6 +152,19 @@ impl<X> Write<X> {
 /// A decision: what to write, and what to tell the caller.
 pub type Decision<T, E, X> = Result<(Write<X>, T), E>;
 
+/// The pure closure every form of an attempt on `A` runs: the snapshot in, the decision out.
+pub trait Decide<A: LockedAggregate, T, E>:
+    FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send
+{
+}
+
+impl<A, T, E, F> Decide<A, T, E> for F
+where
+    A: LockedAggregate,
+    F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+{
+}
+
 /// The Postgres statement parts that lock an aggregate: an upsert that takes the row lock and
 /// bumps a `version` column, and two expressions the executor adds to its `RETURNING` list to
 /// tell whether the statement's snapshot (taken before any wait on the lock) is still current.

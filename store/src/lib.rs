@@ -33,7 +33,7 @@ pub use event::{
     EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, Payload, RecordedEvent,
 };
 pub use executor::{
-    Assumed, AttemptForm, Attempted, Decision, LockedAggregate, PgGuard, PgLock, Snapshot,
+    Assumed, AttemptForm, Attempted, Decide, Decision, LockedAggregate, PgGuard, PgLock, Snapshot,
     StreamLock, Write,
 };
 pub use group::{
@@ -203,7 +203,7 @@ impl Store {
         A: LockedAggregate,
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+        F: Decide<A, T, E> + 'static,
     {
         dispatch!(self, s => s.execute(target, decide).await)
     }
@@ -222,7 +222,7 @@ impl Store {
         A: LockedAggregate,
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+        F: Decide<A, T, E> + 'static,
     {
         match self {
             Store::Sqlite(s) => s.execute(target, decide).await,
@@ -244,7 +244,7 @@ impl Store {
         A: LockedAggregate,
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+        F: Decide<A, T, E> + 'static,
     {
         if *locked {
             return self.execute(target, decide).await.map(Some);
@@ -273,7 +273,7 @@ impl Store {
         A: LockedAggregate,
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+        F: Decide<A, T, E> + 'static,
     {
         let next = form.after_conflict();
         let this = std::mem::replace(form, next);

@@ -15,7 +15,7 @@ use super::events::append_in_tx;
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::RecordedEvent;
-use crate::executor::{Attempted, Decision, LockedAggregate, Snapshot, Write};
+use crate::executor::{Attempted, Decide, LockedAggregate, Snapshot, Write};
 use crate::projector::CteStatement;
 
 impl PgStore {
@@ -29,7 +29,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         Ok(self.execute_locked(target, decide).await?.outcome)
     }
@@ -44,7 +44,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         let mut tx = self.pool.begin().await?;
         let (version, snapshot) = match lock_and_read(&mut tx, &target).await? {

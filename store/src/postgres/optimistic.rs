@@ -27,7 +27,7 @@ use super::PgStore;
 use crate::error::StoreError;
 use crate::event::{EventRef, NewEvent};
 use crate::executor::{
-    Assumed, AttemptForm, Attempted, Decision, LockedAggregate, PgLock, Snapshot, Write,
+    Assumed, AttemptForm, Attempted, Decide, LockedAggregate, PgLock, Snapshot, Write,
 };
 use crate::projector::{CteStatement, PgProjector};
 
@@ -47,7 +47,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         Ok(self.attempt_optimistic(target, decide).await?.outcome)
     }
@@ -65,7 +65,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         match form {
             AttemptForm::Locked => self.execute_locked(target, decide).await,
@@ -94,7 +94,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         let mut conn = self.kept.take(&self.pool).await?;
         let Some(read) = read_unlocked(&mut conn, &target).await? else {
@@ -146,7 +146,7 @@ impl PgStore {
         A: LockedAggregate,
         T: Send,
         E: Send,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send,
+        F: Decide<A, T, E>,
     {
         let head = target.after_sequence();
         let snapshot = Snapshot {

@@ -9,7 +9,7 @@ use rusqlite::params;
 use super::events::{append_in_tx, load_after_in_tx};
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::executor::{Decision, LockedAggregate, Snapshot};
+use crate::executor::{Decide, LockedAggregate, Snapshot};
 
 impl SqliteStore {
     /// Runs one locked attempt on `target`'s aggregate as a single transaction.
@@ -22,7 +22,7 @@ impl SqliteStore {
         A: LockedAggregate,
         T: Send + 'static,
         E: Send + 'static,
-        F: FnOnce(&Snapshot<A::Observed>) -> Decision<T, E, A::Extra> + Send + 'static,
+        F: Decide<A, T, E> + 'static,
     {
         self.write_or_rollback(move |ctx| {
             let tx = ctx.tx;
