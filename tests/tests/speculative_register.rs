@@ -3,7 +3,8 @@
 //! assumed still holds. Three ways the assumption moves without this process knowing: an
 //! instance comes back to life (a heartbeat takes no lock and bumps no version), another
 //! process installs a set (the version and the stream move), and another process installs
-//! while this one would only join (a decision that writes nothing is checked too). Each ends in
+//! while this one would only join (a decision that writes nothing is checked too); the last two
+//! also with the other `Wharf` in this process, on the same store handle. Each ends in
 //! the outcome a fresh read gives, never in a union or a join on a set that is gone. SQLite
 //! runs every register locked; the first edge runs there too, as the reference.
 
@@ -99,9 +100,19 @@ fn second_process(store: &TestStore) -> Wharf {
 async fn another_process_s_install_is_never_overwritten_or_joined(backend: Backend) {
     assert_eq!(backend, Backend::Postgres);
     let store = TestStore::new(backend).await;
-    let this = store.wharf();
     let other = second_process(&store);
+    another_s_install_is_never_overwritten_or_joined(store.wharf(), other).await;
+}
 
+/// The same with the other `Wharf` in this process, on the same store handle: it shares the
+/// handle's clock and kept connection, not its held group states.
+async fn another_wharf_s_install_is_never_overwritten_or_joined(backend: Backend) {
+    assert_eq!(backend, Backend::Postgres);
+    let store = TestStore::new(backend).await;
+    another_s_install_is_never_overwritten_or_joined(store.wharf(), store.wharf()).await;
+}
+
+async fn another_s_install_is_never_overwritten_or_joined(this: Wharf, other: Wharf) {
     register_as(&this, "this-1", &["orders/a"]).await;
     let theirs = register_as(&other, "other-1", &["orders/b"]).await;
     assert_eq!(previous_of(&theirs), set(&["orders/a"]));
@@ -164,6 +175,16 @@ mod another_process_s_install_is_never_overwritten_or_joined {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
         super::another_process_s_install_is_never_overwritten_or_joined(
+            wharf_tests::Backend::Postgres,
+        )
+        .await;
+    }
+}
+
+mod another_wharf_s_install_is_never_overwritten_or_joined {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres() {
+        super::another_wharf_s_install_is_never_overwritten_or_joined(
             wharf_tests::Backend::Postgres,
         )
         .await;
