@@ -122,8 +122,10 @@ struct Known {
     observed: GroupObserved,
     /// The store time that attempt decided at.
     decided_at: DateTime<Utc>,
-    /// False after a speculative miss: the next attempt reads first (a group another process
-    /// writes to would otherwise miss every time, a round trip wasted on each).
+    /// Whether the next attempt may speculate: false when this one missed, or found events
+    /// it did not hold (another writer is active on the group, so a speculation would likely
+    /// miss: a statement wasted and an error in the server's log). A group written by
+    /// several processes in turn then reads first every time, as before ADR 0052.
     speculate: bool,
 }
 
@@ -266,13 +268,13 @@ impl Attempter<'_> {
             let missed = speculated && round > 0;
             spare = None;
             match attempted.outcome {
-                Ok((outcome, mut next, (observed, decided_at))) => {
+                Ok((outcome, mut next, seen)) => {
                     next.known = attempted.version.map(|version| Known {
                         version,
                         declarer: self.declarer.to_string(),
-                        observed,
-                        decided_at,
-                        speculate: !missed,
+                        observed: seen.observed,
+                        decided_at: seen.decided_at,
+                        speculate: !missed && seen.held_everything,
                     });
                     *held = Some(next);
                     return Ok(outcome);
@@ -327,9 +329,18 @@ impl Attempter<'_> {
     }
 }
 
-/// The outcome, the state after it, what the group observes after it (see
-/// [`observed_after`]) and the decision's time.
-type Decided = (RegisterOutcome, Held, (GroupObserved, DateTime<Utc>));
+/// The outcome, the state after it, and what the attempt saw.
+type Decided = (RegisterOutcome, Held, Seen);
+
+/// What a decided attempt saw of the group, for the next one.
+struct Seen {
+    /// What the group observes after the attempt (see [`observed_after`]).
+    observed: GroupObserved,
+    /// The decision's time.
+    decided_at: DateTime<Utc>,
+    /// The attempt found no event its held state did not already fold.
+    held_everything: bool,
+}
 
 /// The pure closure the locked executor runs: fold the new events into the held state,
 /// decide, and say what to write (with the group's saved state when one is due) and what state
@@ -405,7 +416,15 @@ fn decision(
         });
         Ok((
             GroupWrite { events, extra },
-            (decision.outcome, held, (observed, snapshot.now)),
+            (
+                decision.outcome,
+                held,
+                Seen {
+                    observed,
+                    decided_at: snapshot.now,
+                    held_everything: snapshot.events.is_empty(),
+                },
+            ),
         ))
     }
 }
