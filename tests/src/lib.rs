@@ -294,6 +294,20 @@ macro_rules! on_both_backends {
     };
 }
 
+/// Runs `$body(Backend::Postgres)` as a test named `$name::postgres`, for a test whose edge
+/// exists only on Postgres (SQLite runs that path locked).
+#[macro_export]
+macro_rules! on_postgres {
+    ($name:ident, $body:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$body($crate::Backend::Postgres).await;
+            }
+        }
+    };
+}
+
 /// Small builders the queue tests share.
 pub mod fixtures {
     use wharf::domain::{GroupName, TopicName};

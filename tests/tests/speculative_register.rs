@@ -13,7 +13,7 @@ use wharf::config::Config;
 use wharf::domain::{DeclarationEvent, DeclarerId, RegisterOutcome};
 use wharf::store::{PgStore, Store};
 use wharf::{Registration, Wharf};
-use wharf_tests::{keep_live, on_both_backends, Backend, TestStore};
+use wharf_tests::{keep_live, on_both_backends, on_postgres, Backend, TestStore};
 
 const GROUP: &str = "billing";
 
@@ -171,25 +171,15 @@ async fn another_s_install_is_never_overwritten_or_joined(this: Wharf, other: Wh
     );
 }
 
-mod another_process_s_install_is_never_overwritten_or_joined {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::another_process_s_install_is_never_overwritten_or_joined(
-            wharf_tests::Backend::Postgres,
-        )
-        .await;
-    }
-}
+on_postgres!(
+    another_process_s_install_is_never_overwritten_or_joined,
+    another_process_s_install_is_never_overwritten_or_joined
+);
 
-mod another_wharf_s_install_is_never_overwritten_or_joined {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::another_wharf_s_install_is_never_overwritten_or_joined(
-            wharf_tests::Backend::Postgres,
-        )
-        .await;
-    }
-}
+on_postgres!(
+    another_wharf_s_install_is_never_overwritten_or_joined,
+    another_wharf_s_install_is_never_overwritten_or_joined
+);
 
 /// The connection a register keeps for the next one (no return ping between registers) goes
 /// back to the pool once it lies unused: the pool ends with every connection idle.

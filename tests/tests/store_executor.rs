@@ -14,7 +14,7 @@ use wharf::store::{
     Assumed, AttemptForm, Attempted, CteStatement, LockedAggregate, NewEvent, PgGuard, Store,
     StoreError, Write,
 };
-use wharf_tests::{on_both_backends, Backend, TestStore};
+use wharf_tests::{on_both_backends, on_postgres, Backend, TestStore};
 
 /// A test aggregate: observes how many rows `fence` holds; guarded, when `token` is set, by
 /// `fence` holding exactly that token.
@@ -337,15 +337,10 @@ async fn a_write_after_the_version_moved_conflicts_and_writes_nothing(backend: B
     assert_eq!(count_optimistic(&ts.store, "s1", 2).await.expect("two"), 6);
 }
 
-mod a_write_after_the_version_moved_conflicts_and_writes_nothing {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn postgres() {
-        super::a_write_after_the_version_moved_conflicts_and_writes_nothing(
-            wharf_tests::Backend::Postgres,
-        )
-        .await;
-    }
-}
+on_postgres!(
+    a_write_after_the_version_moved_conflicts_and_writes_nothing,
+    a_write_after_the_version_moved_conflicts_and_writes_nothing
+);
 
 async fn optimistic_refusals_write_nothing(backend: Backend) {
     let ts = TestStore::new(backend).await;
@@ -482,13 +477,10 @@ async fn a_speculative_write_lands_only_on_what_it_assumed(backend: Backend) {
     assert_eq!(events_of(store).await, 3);
 }
 
-mod a_speculative_write_lands_only_on_what_it_assumed {
-    #[tokio::test]
-    async fn postgres() {
-        super::a_speculative_write_lands_only_on_what_it_assumed(wharf_tests::Backend::Postgres)
-            .await;
-    }
-}
+on_postgres!(
+    a_speculative_write_lands_only_on_what_it_assumed,
+    a_speculative_write_lands_only_on_what_it_assumed
+);
 
 /// A guarded aggregate never runs speculatively (a guard refuses, it does not conflict), and
 /// SQLite runs every form locked: in both, a wrong assumption changes nothing.
