@@ -246,16 +246,16 @@ impl Store {
         E: Send + 'static,
         F: Decide<A, T, E> + 'static,
     {
-        if *locked {
-            return self.execute(target, decide).await.map(Some);
+        let mut form = if *locked {
+            AttemptForm::Locked
+        } else {
+            AttemptForm::Optimistic
+        };
+        let attempted = self.attempt_in(target, decide, &mut form).await?;
+        if attempted.is_none() {
+            *locked = true;
         }
-        match self.execute_optimistic(target, decide).await {
-            Err(StoreError::Conflict { .. }) => {
-                *locked = true;
-                Ok(None)
-            }
-            other => other.map(Some),
-        }
+        Ok(attempted.map(|attempted| attempted.outcome))
     }
 
     /// One attempt in `*form` (see [`AttemptForm`]), which the call consumes: afterwards

@@ -76,7 +76,11 @@ pub(crate) struct Held {
     /// good one at the next attempt, whatever the interval.
     rewrite: bool,
     /// What this process's last attempt on the group left it knowing, for a speculative next
-    /// one (ADR 0052); `None` after a cold start or on SQLite.
+    /// one (ADR 0052); `None` after a cold start, on SQLite, and when the next attempt should
+    /// read first: after a miss, or after an attempt that found events it did not hold
+    /// (another writer is active on the group, so a speculation would likely miss: a
+    /// statement wasted and an error in the server's log; a group written by several
+    /// processes in turn then reads first every time, as before ADR 0052).
     known: Option<Known>,
 }
 
@@ -93,7 +97,7 @@ impl Held {
 
     /// The inputs to assume for `declarer`'s next attempt, when this process may speculate.
     fn assumed_for(&self, declarer: &DeclarerId) -> Option<Assumed<GroupObserved>> {
-        let known = self.known.as_ref().filter(|known| known.speculate)?;
+        let known = self.known.as_ref()?;
         let open_wait = if known.declarer == declarer.as_str() {
             known.observed.open_wait.clone()
         } else {
@@ -122,11 +126,6 @@ struct Known {
     observed: GroupObserved,
     /// The store time that attempt decided at.
     decided_at: DateTime<Utc>,
-    /// Whether the next attempt may speculate: false when this one missed, or found events
-    /// it did not hold (another writer is active on the group, so a speculation would likely
-    /// miss: a statement wasted and an error in the server's log). A group written by
-    /// several processes in turn then reads first every time, as before ADR 0052.
-    speculate: bool,
 }
 
 /// What a decided attempt leaves the group observing: the snapshot's observation with the
@@ -269,13 +268,17 @@ impl Attempter<'_> {
             spare = None;
             match attempted.outcome {
                 Ok((outcome, mut next, seen)) => {
-                    next.known = attempted.version.map(|version| Known {
-                        version,
-                        declarer: self.declarer.to_string(),
-                        observed: seen.observed,
-                        decided_at: seen.decided_at,
-                        speculate: !missed && seen.held_everything,
-                    });
+                    let speculate_next = !missed && seen.held_everything;
+                    next.known =
+                        attempted
+                            .version
+                            .filter(|_| speculate_next)
+                            .map(|version| Known {
+                                version,
+                                declarer: self.declarer.to_string(),
+                                observed: seen.observed,
+                                decided_at: seen.decided_at,
+                            });
                     *held = Some(next);
                     return Ok(outcome);
                 }
