@@ -11,23 +11,30 @@
 //! so each group's ledger holds about `N / GROUPS` installs, like a fleet of groups changing
 //! bindings over many deploys.
 //!
+//! The registers run in rounds of N (`WHARF_BENCH_ROUNDS`, default 3) on one `Wharf`, each
+//! round between two runs of the kept-connection insert, and each round's ratio is against the
+//! mean of the two inserts around it: this machine's commit rate moves from one second to the
+//! next, so a ratio is only taken between runs a few seconds apart. The median round is the
+//! figure; the lowest and highest are printed beside it.
+//!
 //! Run: `cargo bench -p wharf-tests --bench register_install` (set WHARF_BENCH_N to change N,
-//! default 3000).
+//! default 3000; `WHARF_BENCH_BACKENDS=postgres` or `sqlite` runs one backend).
 
 use std::time::Instant;
 
 use wharf::domain::DeclarerId;
 use wharf::store::Store;
-use wharf::Registration;
+use wharf::{Registration, Wharf};
 use wharf_tests::{Backend, TestStore};
 
 const GROUPS: usize = 50;
 
-fn iterations() -> usize {
-    std::env::var("WHARF_BENCH_N")
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(3_000)
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
 }
 
 async fn raw_commits_per_second(store: &Store, n: usize) -> f64 {
@@ -112,11 +119,12 @@ async fn kept_connection_inserts_per_second(store: &Store, n: usize) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn installs_per_second(test: &TestStore, n: usize) -> f64 {
-    let wharf = test.wharf();
+/// Registers `n` times on `wharf`, continuing the rotation at `first` (so that every register
+/// of every round is a swap), and returns registers per second.
+async fn installs_per_second(wharf: &Wharf, first: usize, n: usize) -> f64 {
     let sets: [&[&str]; 2] = [&["orders/+/paid", "orders/+/refunded"], &["orders/#"]];
     let start = Instant::now();
-    for i in 0..n {
+    for i in first..first + n {
         let group = format!("group-{}", i % GROUPS);
         let round = i / GROUPS;
         let declarer = DeclarerId::parse("declarer", &format!("bench-{round}")).unwrap();
@@ -134,28 +142,87 @@ async fn installs_per_second(test: &TestStore, n: usize) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn bench(backend: Backend, n: usize) {
+/// The register rounds, each between two kept-connection insert runs.
+struct Rounds {
+    /// Registers per second, one per round.
+    installs: Vec<f64>,
+    /// Inserts per second on a kept connection: one more than there are rounds.
+    kept: Vec<f64>,
+}
+
+impl Rounds {
+    async fn run(test: &TestStore, n: usize, rounds: usize) -> Self {
+        let wharf = test.wharf();
+        let mut kept = vec![kept_connection_inserts_per_second(&test.store, n).await];
+        let mut installs = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            installs.push(installs_per_second(&wharf, round * n, n).await);
+            kept.push(kept_connection_inserts_per_second(&test.store, n).await);
+        }
+        Rounds { installs, kept }
+    }
+
+    /// Each round's registers against the mean of the inserts just before and after it.
+    fn ratios(&self) -> Vec<f64> {
+        let around = self.kept.windows(2).map(|pair| (pair[0] + pair[1]) / 2.0);
+        self.installs
+            .iter()
+            .zip(around)
+            .map(|(installs, kept)| installs / kept)
+            .collect()
+    }
+
+    fn mean(values: &[f64]) -> f64 {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
+}
+
+/// The median and the extremes of `values` (not empty).
+fn median_and_range(values: &[f64]) -> (f64, f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let middle = sorted.len() / 2;
+    let median = if sorted.len() % 2 == 0 {
+        (sorted[middle - 1] + sorted[middle]) / 2.0
+    } else {
+        sorted[middle]
+    };
+    (median, sorted[0], sorted[sorted.len() - 1])
+}
+
+async fn bench(backend: Backend, n: usize, rounds: usize) {
     let test = TestStore::new(backend).await;
     // Warm up connections and caches on both paths.
     raw_commits_per_second(&test.store, 20).await;
-    // The baselines run before and after, and their means are used: the machine's commit
-    // rate drifts over a run, and every path should see the same machine.
+    // The pooled and the old baselines run once before and once after the rounds, and their
+    // means are used.
     let before = raw_commits_per_second(&test.store, n).await;
-    let kept_before = kept_connection_inserts_per_second(&test.store, n).await;
     let one_before = one_statement_inserts_per_second(&test.store, n).await;
-    let installs = installs_per_second(&test, n).await;
+    let measured = Rounds::run(&test, n, rounds).await;
     let one_after = one_statement_inserts_per_second(&test.store, n).await;
-    let kept_after = kept_connection_inserts_per_second(&test.store, n).await;
     let after = raw_commits_per_second(&test.store, n).await;
     let raw = (before + after) / 2.0;
     let one = (one_before + one_after) / 2.0;
-    let kept = (kept_before + kept_after) / 2.0;
+    let installs = Rounds::mean(&measured.installs);
+    let kept = Rounds::mean(&measured.kept);
+    let ratios = measured.ratios();
+    let (median, lowest, highest) = median_and_range(&ratios);
+    let per_round: Vec<String> = measured
+        .installs
+        .iter()
+        .zip(&ratios)
+        .map(|(installs, ratio)| format!("{installs:.0}/s {ratio:.2}"))
+        .collect();
     println!(
-        "{backend:?}: register install {installs:>6.0}/s | one-statement insert on a kept \
-         connection {kept:>6.0}/s: ratio {:.2} (goal >= 0.50) | the same through the pool \
-         {one:>6.0}/s: ratio {:.2} | old baseline BEGIN/INSERT/COMMIT {raw:>6.0}/s: ratio {:.2} \
-         [n={n}, {GROUPS} groups]",
-        installs / kept,
+        "{backend:?}: register install against the one-statement insert on a kept connection, \
+         per round: {} | median {median:.2} (lowest {lowest:.2}, highest {highest:.2}; goal >= \
+         0.50) [n={n} x {rounds} rounds, {GROUPS} groups]",
+        per_round.join(", ")
+    );
+    println!(
+        "{backend:?}: means: register install {installs:>6.0}/s | kept insert {kept:>6.0}/s \
+         | the insert through the pool {one:>6.0}/s: ratio {:.2} | old baseline \
+         BEGIN/INSERT/COMMIT {raw:>6.0}/s: ratio {:.2}",
         installs / one,
         installs / raw
     );
@@ -166,9 +233,16 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let n = iterations();
+    let n = env_count("WHARF_BENCH_N", 3_000);
+    let rounds = env_count("WHARF_BENCH_ROUNDS", 3);
+    let only = std::env::var("WHARF_BENCH_BACKENDS").unwrap_or_default();
+    let run = |backend: &str| only.is_empty() || only.contains(backend);
     runtime.block_on(async {
-        bench(Backend::Sqlite, n).await;
-        bench(Backend::Postgres, n).await;
+        if run("sqlite") {
+            bench(Backend::Sqlite, n, rounds).await;
+        }
+        if run("postgres") {
+            bench(Backend::Postgres, n, rounds).await;
+        }
     });
 }
