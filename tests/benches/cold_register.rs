@@ -14,7 +14,8 @@
 //!
 //! Per size, in one run and interleaved (old, new, old, new, ...): cold without a snapshot
 //! (the old path: a fold of the whole stream), cold from a snapshot, and warm with saving on
-//! (every 1000 events) and off. Each figure is a median. The plain baseline is one
+//! (every 1000 events) and off, alternating (so each finds the other's event and reads first),
+//! then warm alone (one `Wharf` in a row: ADR 0052's one statement). Each figure is a median. The plain baseline is one
 //! single-row autocommit INSERT (one round trip), measured before and after.
 //!
 //! Run: `cargo bench -p wharf-tests --bench cold_register` (WHARF_BENCH_SIZES=1000,10000 to
@@ -228,6 +229,7 @@ struct Figures {
     cold_new: Duration,
     warm_on: Duration,
     warm_off: Duration,
+    warm_alone: Duration,
     state_bytes: usize,
 }
 
@@ -281,11 +283,20 @@ async fn measure(test: &TestStore, group: &str, shape: Shape) -> Figures {
         register(&off, group, &declarer, WAITER_SET).await;
         warm_off.push(start.elapsed());
     }
+    // The two above alternate, so each finds the other's event and reads first; alone, a
+    // process's next register decides on what its last one left it knowing (ADR 0052).
+    let mut warm_alone = Vec::new();
+    for _ in 0..WARM {
+        let start = Instant::now();
+        register(&on, group, &declarer, WAITER_SET).await;
+        warm_alone.push(start.elapsed());
+    }
     Figures {
         cold_old: median(old),
         cold_new: median(new),
         warm_on: median(warm_on),
         warm_off: median(warm_off),
+        warm_alone: median(warm_alone),
         state_bytes: good.state.len(),
     }
 }
@@ -304,11 +315,13 @@ async fn bench(backend: Backend, shape: Shape, sizes: &[usize]) {
         let f = measure(&test, &group, shape).await;
         println!(
             "{backend:?} {shape:?} {size:>7} events: cold old {:>8.1} ms | cold new {:>6.2} ms | \
-             warm {:>5.2} ms (saving off {:>5.2} ms) | state {:>9} bytes [built in {:.1} s]",
+             warm {:>5.2} ms (saving off {:>5.2} ms, alone {:>5.2} ms) | state {:>9} bytes \
+             [built in {:.1} s]",
             ms(f.cold_old),
             ms(f.cold_new),
             ms(f.warm_on),
             ms(f.warm_off),
+            ms(f.warm_alone),
             f.state_bytes,
             built.as_secs_f64()
         );
@@ -322,15 +335,18 @@ async fn bench(backend: Backend, shape: Shape, sizes: &[usize]) {
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
         "{backend:?} {shape:?}: cold {large}/{small}: old {:.1}, new {:.2} (goal <= 5) | \
-         warm {large}/{small}: {:.2} (flat) | saving on/off at {large}: {:.2} | \
-         one-statement insert {:.2} ms: cold new at {large} = {:.1}x, warm at {large} = {:.1}x",
+         warm {large}/{small}: {:.2}, alone {:.2} (flat) | saving on/off at {large}: {:.2} | \
+         one-statement insert {:.2} ms: cold new at {large} = {:.1}x, warm at {large} = {:.1}x, \
+         alone {:.1}x",
         ratio(last.cold_old, first.cold_old),
         ratio(last.cold_new, first.cold_new),
         ratio(last.warm_on, first.warm_on),
+        ratio(last.warm_alone, first.warm_alone),
         ratio(last.warm_on, last.warm_off),
         ms(baseline),
         ratio(last.cold_new, baseline),
         ratio(last.warm_on, baseline),
+        ratio(last.warm_alone, baseline),
     );
 }
 
