@@ -15,8 +15,9 @@
 //! Per size, in one run and interleaved (old, new, old, new, ...): cold without a snapshot
 //! (the old path: a fold of the whole stream), cold from a snapshot, and warm with saving on
 //! (every 1000 events) and off, alternating (so each finds the other's event and reads first),
-//! then warm alone (one `Wharf` in a row: ADR 0052's one statement). Each figure is a median. The plain baseline is one
-//! single-row autocommit INSERT (one round trip), measured before and after.
+//! then warm alone (one `Wharf` in a row: ADR 0052's one statement). Each figure is a median.
+//! The plain baseline is one single-row autocommit INSERT (one round trip), measured before
+//! and after.
 //!
 //! Run: `cargo bench -p wharf-tests --bench cold_register` (WHARF_BENCH_SIZES=1000,10000 to
 //! change the sizes; WHARF_BENCH_SHAPES=retrying to run one shape).
