@@ -92,15 +92,17 @@ impl KeptConnection {
         if !spare {
             return;
         }
-        let replaced = {
+        let (replaced, start_timer) = {
             let mut slot = lock(&self.0);
             let replaced = slot.connection.replace((connection, Instant::now()));
-            if !slot.timer {
-                slot.timer = true;
-                runtime.spawn(release_when_unused(Arc::clone(&self.0)));
-            }
-            replaced
+            let start_timer = !std::mem::replace(&mut slot.timer, true);
+            (replaced, start_timer)
         };
+        // Spawned outside the lock: the new task may start at once on another thread, and
+        // its first step is to take the lock.
+        if start_timer {
+            runtime.spawn(release_when_unused(Arc::clone(&self.0)));
+        }
         drop(replaced);
     }
 }
