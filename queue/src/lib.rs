@@ -28,6 +28,8 @@ use std::time::Duration;
 use wharf_domain::{GroupName, TopicName, ValidationError};
 use wharf_store::Store;
 
+use postgres::OnLocked;
+
 pub use error::QueueError;
 pub use held::HeldConnection;
 pub use message::{
@@ -180,10 +182,23 @@ impl Queue {
         group: &GroupName,
         fence: Option<i64>,
     ) -> Result<RouteReport, QueueError> {
+        self.route_step(group, fence, OnLocked::Skip).await
+    }
+
+    /// One routing step that, on Postgres, skips or waits for a step already running.
+    /// (SQLite's steps are serialized by its write lock: they always wait.)
+    async fn route_step(
+        &self,
+        group: &GroupName,
+        fence: Option<i64>,
+        on_locked: OnLocked,
+    ) -> Result<RouteReport, QueueError> {
         let batch = self.settings.route_batch;
         match &self.store {
             Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch, fence).await,
-            Store::Postgres(s) => postgres::route(s, &self.matchers, group, batch, fence).await,
+            Store::Postgres(s) => {
+                postgres::route(s, &self.matchers, group, batch, fence, on_locked).await
+            }
         }
     }
 
@@ -413,21 +428,41 @@ impl Queue {
                 break;
             }
         }
-        // Another instance routing right now is likely to have made deliveries too.
-        if routed > 0 || busy {
-            let mut more = self
-                .claim_fenced(
-                    &mut HeldConnection::default(),
-                    group,
-                    instance,
-                    fence,
-                    wanted,
-                    Vec::new(),
-                )
-                .await?;
-            claimed.append(&mut more.claimed);
+        // Claim again when this fetch routed, when another step was routing right now (this
+        // instance's router, another instance's fetch), and whenever it has nothing yet: a step
+        // that committed between the claim above and the routing here left deliveries this
+        // fetch did not route, and a claim loop whose fetch comes back empty sleeps until the
+        // next publish or its poll interval.
+        if routed > 0 || busy || claimed.is_empty() {
+            claimed.append(&mut self.claim_more(group, instance, fence, wanted).await?);
+        }
+        // Nothing to claim while that step was still running: what it routes commits after
+        // this claim, and a claim loop woken by the publish would sleep until the next
+        // one. Wait for the step, then claim what it (or this step, after it) routed.
+        if busy && claimed.is_empty() {
+            // Whatever it routed itself, the step it waited for has committed.
+            match self.route_step(group, fence, OnLocked::Wait).await {
+                Err(QueueError::Fenced { .. }) => return Ok(claimed),
+                other => other?,
+            };
+            claimed.append(&mut self.claim_more(group, instance, fence, wanted).await?);
         }
         Ok(claimed)
+    }
+
+    /// A claim of up to `wanted` more after routing, on a connection of its own.
+    async fn claim_more(
+        &self,
+        group: &GroupName,
+        instance: &str,
+        fence: Option<i64>,
+        wanted: u32,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        let held = &mut HeldConnection::default();
+        let step = self
+            .claim_fenced(held, group, instance, fence, wanted, Vec::new())
+            .await?;
+        Ok(step.claimed)
     }
 
     /// Acknowledges a claimed message.

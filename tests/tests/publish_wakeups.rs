@@ -4,6 +4,7 @@
 //! - when it is published through the same `Wharf` (both backends: the in-process counter);
 //! - on Postgres, when it is published by another `Wharf` with its own connection pool, as
 //!   another process would (the `wharf_publish` notification and the library's listener);
+//! - for each publish of a trickle, one at a time to an idle consumer (both backends);
 //! - on Postgres, for every `Wharf` built on clones of one store handle (two instances in one
 //!   process): each listens on a connection of its own.
 //!
@@ -89,6 +90,29 @@ on_both_backends!(
     same_wharf,
     a_publish_wakes_an_idle_consumer_of_the_same_wharf
 );
+
+/// A trickle: each publish waits for the one before to be handled, so every one finds the
+/// consumer idle, and wakes its claim loop and the router beside it at once. Each must be
+/// handled on its wake-up (on Postgres the claim loop's fetch may find the router holding the
+/// group: it waits for the router's step rather than come back empty and sleep).
+async fn every_publish_of_a_trickle_wakes_the_idle_consumer(backend: Backend) {
+    let test = TestStore::new(backend).await;
+    let wharf = hour_poll_wharf(test.store.clone(), &test);
+    let (consumer, seen) = idle_consumer(&wharf).await;
+    for n in 1..=TRICKLE {
+        publish(&wharf, "orders", &format!("orders/{n}")).await;
+        counted(&consumer, &format!("publish {n} handled"), |s| {
+            s.handled_ok == n
+        })
+        .await;
+    }
+    assert_eq!(seen.lock().unwrap().len(), TRICKLE as usize);
+    consumer.shutdown().await;
+}
+on_both_backends!(trickle, every_publish_of_a_trickle_wakes_the_idle_consumer);
+
+/// Publishes in the trickle.
+const TRICKLE: u64 = 40;
 
 /// A second handle on the test's Postgres schema with a pool of its own.
 fn other_process(test: &TestStore) -> Store {

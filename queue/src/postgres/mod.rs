@@ -15,6 +15,7 @@ pub(crate) use publish::publish;
 pub(crate) use retention::retain;
 pub(crate) use route::{effective_install, route, SLICE as ROUTE_SLICE};
 pub(crate) use stats::{group_stats, group_stats_of, swaps, topic_stats, GROUP_FIGURES_SQL};
+pub(crate) use swap::OnLocked;
 
 fn headers_json(value: serde_json::Value) -> crate::message::Headers {
     serde_json::from_value(value).unwrap_or_default()

@@ -7,21 +7,27 @@
 //! a swap applies it first (`swap.rs`, ADR 0014).
 
 use wharf_domain::GroupName;
-use wharf_store::PgStore;
+use wharf_store::{PgStore, StoreError};
 
-use super::swap;
+use super::swap::{self, OnLocked};
 use crate::error::QueueError;
 use crate::generations::{forward_matches, rescan_matches, StepRanges};
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport};
 
-/// Routes up to `batch` log positions for `group`.
+/// How long a waiting step ([`OnLocked::Wait`]) waits for the group row before it reports the
+/// group busy. Holders are routing steps (one batch) and swaps: milliseconds.
+const WAIT_FOR_ROUTER: &str = "2s";
+
+/// Routes up to `batch` log positions for `group`; `on_locked` says whether a step that finds
+/// another one (or a swap) holding the group skips or waits for it to commit.
 pub(crate) async fn route(
     store: &PgStore,
     matchers: &Matchers,
     group: &GroupName,
     batch: i64,
     fence: Option<i64>,
+    on_locked: OnLocked,
 ) -> Result<RouteReport, QueueError> {
     // An unlocked look first: a caught-up group whose routing is aligned with its install (the
     // idle case) costs one read, not a locked transaction. A missing group falls through to the
@@ -47,7 +53,24 @@ pub(crate) async fn route(
         }
     }
     let mut tx = store.pool().begin().await?;
-    let Some(mut cursor) = swap::lock_cursor(&mut tx, group).await? else {
+    if on_locked == OnLocked::Wait {
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(WAIT_FOR_ROUTER)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let cursor = match swap::lock_cursor(&mut tx, group, on_locked).await {
+        // The row exists (its lock was waited for); its holder outlasted the wait.
+        Err(QueueError::Store(StoreError::Postgres(e))) if is_lock_timeout(&e) => {
+            tx.rollback().await?;
+            return Ok(RouteReport {
+                busy: true,
+                ..RouteReport::default()
+            });
+        }
+        other => other?,
+    };
+    let Some(mut cursor) = cursor else {
         return busy_or_unknown(&mut tx, group).await;
     };
     // Read under the group row lock, which the swap also takes: the install cannot change
@@ -162,6 +185,13 @@ async fn read_install(
     .fetch_optional(conn)
     .await?;
     Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
+}
+
+/// Postgres gave up waiting for a lock (`lock_timeout`, SQLSTATE 55P03).
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "55P03")
 }
 
 /// The group row was not returned: either someone else holds it, or it does not exist. Asked on

@@ -23,22 +23,41 @@ pub(crate) struct Cursor {
     pub rescan_until: i64,
 }
 
-/// Locks the group row `FOR UPDATE SKIP LOCKED` and reads its routing state; `None` when it is
-/// locked by someone else or does not exist.
-pub(crate) async fn lock_cursor(
-    conn: &mut PgConnection,
-    group: &GroupName,
-) -> Result<Option<Cursor>, QueueError> {
-    type Row = (String, i64, i64, Option<i64>, i64, i64, i64);
-    let row: Option<Row> = sqlx::query_as(
+/// How a routing step takes the group row lock when another step or a swap holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLocked {
+    /// Skip: the step does nothing and reports the group busy.
+    Skip,
+    /// Wait for the holder to commit (bounded by the transaction's `lock_timeout`).
+    Wait,
+}
+
+/// The group's routing state, its row locked `FOR UPDATE`: `$1` group.
+macro_rules! lock_cursor_sql {
+    () => {
         "SELECT g.topic, g.routed_position, g.routed_install, g.start_position, \
            g.rescan_position, g.rescan_until, \
            COALESCE((SELECT t.head FROM topic t WHERE t.name = g.topic), 0) \
-         FROM consumer_group g WHERE g.group_name = $1 FOR UPDATE OF g SKIP LOCKED",
-    )
-    .bind(group.as_str())
-    .fetch_optional(conn)
-    .await?;
+         FROM consumer_group g WHERE g.group_name = $1 FOR UPDATE OF g"
+    };
+}
+
+/// Locks the group row and reads its routing state; `None` when it does not exist, or when
+/// someone else holds it and `on_locked` is [`OnLocked::Skip`].
+pub(crate) async fn lock_cursor(
+    conn: &mut PgConnection,
+    group: &GroupName,
+    on_locked: OnLocked,
+) -> Result<Option<Cursor>, QueueError> {
+    type Row = (String, i64, i64, Option<i64>, i64, i64, i64);
+    let sql = match on_locked {
+        OnLocked::Skip => concat!(lock_cursor_sql!(), " SKIP LOCKED"),
+        OnLocked::Wait => lock_cursor_sql!(),
+    };
+    let row: Option<Row> = sqlx::query_as(sql)
+        .bind(group.as_str())
+        .fetch_optional(conn)
+        .await?;
     Ok(row.map(|row| Cursor {
         topic: row.0,
         routed_position: row.1,
