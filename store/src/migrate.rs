@@ -63,6 +63,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(18, "postgres", "0018_group_snapshot_position.sql"),
     migration!(19, "postgres", "0019_claim_by_key.sql"),
     migration!(20, "postgres", "0020_expect_assumed.sql"),
+    migration!(21, "postgres", "0021_claim_set_based.sql"),
 ];
 
 /// The schema version this build needs.

@@ -146,6 +146,7 @@ async fn a_claim_touches_only_its_batch_on_a_large_queue_claimed_from_while_smal
     assert_eq!(root["Actual Rows"], 12, "two acked and ten claimed: {plan}");
     let buffers = root["Shared Hit Blocks"].as_i64().unwrap_or(0)
         + root["Shared Read Blocks"].as_i64().unwrap_or(0);
+    println!("two acks and a claim of 10: {buffers} buffers");
     assert!(
         buffers < 200,
         "two acks and a claim of 10 touched {buffers} buffers on a 300k-row queue: {plan}"

@@ -51,15 +51,17 @@ type SettlingClaimRow = (
 /// statement that first settles the acks of the same group and then claims, in one commit
 /// (ADR 0035), so a consumer's acks ride on its next claim instead of a commit of their own.
 ///
-/// The statement itself is the `wharf_claim` function (Postgres migrations 0013 and 0019, ADRs
-/// 0042 and 0050): the acks are deleted first, each by its key and token; then the picked rows
-/// are locked SKIP LOCKED, only deliveries stamped with the install in effect are claimable
-/// (ADR 0014), and with a fence nothing is claimable once the install has moved on from the
-/// one the caller joined. The call is an ordinary cached statement, one round trip. Inside,
-/// every statement is a look-up by primary key or a walk of the `delivery` key from the claim
-/// floor, with the scans and joins that could read more disabled, so its plans are made once
-/// per connection and no plan made while the tables were small reads more once they grow
-/// (`tests/tests/queue_plans.rs`).
+/// The statement itself is the `wharf_claim` function (Postgres migrations 0013, 0019 and 0021,
+/// ADRs 0042, 0050 and 0054): the acks are found each by its key and token, locked, and deleted
+/// in one statement; then the picked rows are locked SKIP LOCKED, only deliveries stamped with
+/// the install in effect are claimable (ADR 0014), and with a fence nothing is claimable once
+/// the install has moved on from the one the caller joined; the picked rows are updated and
+/// read with their messages in one statement. The call is an ordinary cached statement, one
+/// round trip. Inside, every access is a look-up by primary key, by the row address of a row
+/// the call has locked, or a walk of the `delivery` key from the claim floor, with the scans and
+/// joins that could read more disabled, so its plans are made once per connection and no plan
+/// made while the tables were small reads more once they grow (`tests/tests/queue_plans.rs`).
+/// Its rows come in no particular order; they are sorted by position here.
 const CLAIM: &str = "SELECT c_position, c_attempts, c_routed_by, c_topic, c_subject, c_payload, \
        c_headers, c_published_at, c_acked_token \
      FROM wharf_claim($1, $2, $3, $4, $5, $6, $7, $8)";
