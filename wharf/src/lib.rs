@@ -51,6 +51,7 @@ pub mod consumer;
 pub mod declare;
 pub mod declarer;
 pub mod error;
+mod fetch_retry;
 pub mod handler;
 pub mod health;
 mod publish_listener;

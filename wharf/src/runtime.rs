@@ -58,6 +58,7 @@ use crate::acker::{self, AckBatch, Acker, PendingAcks};
 use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
 use crate::consumer::ConsumerState;
+use crate::fetch_retry::FetchRetry;
 use crate::handler::Handler;
 use crate::publish_listener::PublishListener;
 use crate::route_ahead::RouteAhead;
@@ -190,6 +191,7 @@ impl Runtime {
         let claim_batch = usize::try_from(self.config.claim_batch.max(1)).unwrap_or(usize::MAX);
         let mut tasks = JoinSet::new();
         let mut held = HeldConnection::default();
+        let mut retry = FetchRetry::default();
         self.listener.ensure(&self.queue, &self.store).await;
         let mut published = self.queue.wakeups().subscribe(self.topic.as_str());
         let ahead = RouteAhead::start(
@@ -242,6 +244,9 @@ impl Runtime {
                 .ack_and_fetch(&mut held, acks.take_ready(), install, wanted)
                 .await;
             Counters::bump(&self.counters.fetches);
+            if matches!(fetched, Ok(Ok(_))) {
+                retry.answered();
+            }
             match fetched {
                 Ok(Ok(messages)) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
@@ -280,21 +285,27 @@ impl Runtime {
                     drop(permits);
                     held.release();
                     self.metrics.fetch_errors.inc();
-                    warn!(error = %e, "fetching messages failed; retrying after the poll interval");
-                    let pause = tokio::time::sleep(self.config.poll_interval);
+                    let pause = retry.failed(self.config.poll_interval);
+                    warn!(
+                        error = %e,
+                        retry_in = %humantime::format_duration(pause),
+                        "fetching messages failed; retrying"
+                    );
+                    let pause = tokio::time::sleep(pause);
                     self.settling(pause, &mut acks, &mut stop, &mut state).await;
                 }
                 Err(_) => {
                     drop(permits);
                     held.release();
                     self.metrics.fetch_errors.inc();
+                    let pause = retry.failed(self.config.poll_interval);
                     warn!(
                         deadline = %humantime::format_duration(self.call_deadline),
-                        "fetching messages got no answer within its deadline; retrying after the \
-                         poll interval (anything it claimed is redelivered after the visibility \
-                         timeout)"
+                        retry_in = %humantime::format_duration(pause),
+                        "fetching messages got no answer within its deadline; retrying (anything \
+                         it claimed is redelivered after the visibility timeout)"
                     );
-                    let pause = tokio::time::sleep(self.config.poll_interval);
+                    let pause = tokio::time::sleep(pause);
                     self.settling(pause, &mut acks, &mut stop, &mut state).await;
                 }
             }
