@@ -17,6 +17,9 @@ use wharf_tests::{wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
+/// A fetch running in a task of its own.
+type Fetching = tokio::task::JoinHandle<Result<Vec<wharf_queue::Claimed>, wharf_queue::QueueError>>;
+
 fn settings() -> QueueSettings {
     QueueSettings {
         route_batch: 50,
@@ -66,8 +69,9 @@ async fn blocked_by(test: &TestStore, holder: i32) -> i64 {
     .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fetch_with_nothing_to_claim_waits_for_the_routing_step_in_progress() {
+/// A group `billing` with one message published and not routed, its row held by a session of
+/// its own (returned, its transaction open), and a fetch waiting for that row.
+async fn fetch_behind_a_held_group_row() -> (TestStore, Queue, PgConnection, Fetching) {
     let test = TestStore::new(Backend::Postgres).await;
     declare(&test, "billing", "orders", &["orders/#"]).await;
     let queue = Queue::new(test.store.clone(), settings());
@@ -86,6 +90,13 @@ async fn a_fetch_with_nothing_to_claim_waits_for_the_routing_step_in_progress() 
         blocked_by(&test, holder).await == 1
     })
     .await;
+    (test, queue, router, fetching)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_with_nothing_to_claim_waits_for_the_routing_step_in_progress() {
+    // The store lives to the end of the test (dropping it drops its schema).
+    let (_test, _queue, mut router, fetching) = fetch_behind_a_held_group_row().await;
     assert!(
         !fetching.is_finished(),
         "the fetch came back while the row was held"
@@ -99,24 +110,7 @@ async fn a_fetch_with_nothing_to_claim_waits_for_the_routing_step_in_progress() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_outlasts_the_wait_leaves_the_fetch_empty_not_failed() {
-    let test = TestStore::new(Backend::Postgres).await;
-    declare(&test, "billing", "orders", &["orders/#"]).await;
-    let queue = Queue::new(test.store.clone(), settings());
-    queue
-        .publish_one(&topic("orders"), msg("orders/1"))
-        .await
-        .unwrap();
-
-    let mut router = other_session(&test).await;
-    let holder = hold_group_row(&mut router, "billing").await;
-    let fetching = {
-        let queue = queue.clone();
-        tokio::spawn(async move { queue.fetch(&group("billing"), "i1", 8).await })
-    };
-    wait_until("the fetch waits for the routing step", DEADLINE, || async {
-        blocked_by(&test, holder).await == 1
-    })
-    .await;
+    let (_test, queue, mut router, fetching) = fetch_behind_a_held_group_row().await;
     // The row stays held: the fetch gives up waiting (its lock timeout) on its own.
     let claimed = fetching.await.unwrap().unwrap();
     assert!(
