@@ -189,6 +189,37 @@ pub fn fast_declarations() -> DeclarationConfig {
     }
 }
 
+/// A connection to the test's schema, as another routing step would hold one.
+pub async fn other_session(test: &TestStore) -> sqlx::PgConnection {
+    let schema = test.schema().expect("a Postgres test store has a schema");
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&pg_url())
+        .await
+        .unwrap();
+    sqlx::query(&format!("SET search_path TO \"{schema}\""))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
+/// Begins a transaction on `conn` and locks `group`'s row in it, as a routing step or a swap
+/// does; returns the session's backend pid (to look for sessions it blocks).
+pub async fn hold_group_row(conn: &mut sqlx::PgConnection, group: &str) -> i32 {
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    let locked: Option<String> = sqlx::query_scalar(
+        "SELECT group_name FROM consumer_group WHERE group_name = $1 FOR UPDATE",
+    )
+    .bind(group)
+    .fetch_optional(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(locked.as_deref(), Some(group), "the group row exists");
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
 /// Waits until `condition` holds, polling every 10 ms, failing the test after `deadline`.
 pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut condition: F)
 where

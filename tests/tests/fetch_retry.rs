@@ -9,22 +9,22 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
 use wharf::config::QueueConfig;
 use wharf::handler::handler_fn;
 use wharf::queue::{Claimed, Headers};
 use wharf::{Registration, Wharf};
-use wharf_tests::{wait_until, Backend, TestStore};
+use wharf_tests::prometheus_text;
+use wharf_tests::{hold_group_row, other_session, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// The number of failed or timed-out fetches this `Wharf`'s metrics have counted.
 async fn failed_fetches(wharf: &Wharf) -> f64 {
     let text = wharf.metrics().render(&[], Duration::from_secs(5)).await;
-    text.lines()
-        .find(|line| line.starts_with("wharf_store_errors_total{operation=\"fetch\"}"))
-        .and_then(|line| line.rsplit(' ').next())
-        .map_or(0.0, |value| value.parse().unwrap())
+    let scrape = prometheus_text::parse(&text).expect("a well-formed scrape");
+    scrape
+        .value("wharf_store_errors_total", &[("operation", "fetch")])
+        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,17 +47,8 @@ async fn a_fetch_past_its_deadline_is_retried_soon_not_after_the_poll_interval()
     })
     .await;
 
-    let schema = test.schema().expect("a Postgres test store has a schema");
-    let mut holder = PgConnection::connect(&wharf_tests::pg_url()).await.unwrap();
-    sqlx::query(&format!("SET search_path TO \"{schema}\""))
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
-    sqlx::query("SELECT 1 FROM consumer_group WHERE group_name = 'billing' FOR UPDATE")
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let mut holder = other_session(&test).await;
+    hold_group_row(&mut holder, "billing").await;
 
     let message = ("orders/1".to_owned(), b"x".to_vec(), Headers::new());
     wharf.publish("orders", vec![message]).await.unwrap();

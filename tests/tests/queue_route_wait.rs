@@ -9,11 +9,11 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use wharf::store::Store;
 use wharf_queue::{Queue, QueueSettings};
 use wharf_tests::fixtures::{declare, group, msg, topic};
-use wharf_tests::{wait_until, Backend, TestStore};
+use wharf_tests::{hold_group_row, other_session, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -25,34 +25,6 @@ fn settings() -> QueueSettings {
         route_batch: 50,
         ..QueueSettings::default()
     }
-}
-
-/// A connection to the test's schema, as another routing step would hold one.
-async fn other_session(test: &TestStore) -> PgConnection {
-    let schema = test.schema().expect("a Postgres test store has a schema");
-    let mut conn = PgConnection::connect(&wharf_tests::pg_url()).await.unwrap();
-    sqlx::query(&format!("SET search_path TO \"{schema}\""))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    conn
-}
-
-/// Locks `group`'s row in `conn`'s open transaction, as a routing step or a swap does.
-async fn hold_group_row(conn: &mut PgConnection, group: &str) -> i32 {
-    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let locked: Option<String> = sqlx::query_scalar(
-        "SELECT group_name FROM consumer_group WHERE group_name = $1 FOR UPDATE",
-    )
-    .bind(group)
-    .fetch_optional(&mut *conn)
-    .await
-    .unwrap();
-    assert_eq!(locked.as_deref(), Some(group), "the group row exists");
-    sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap()
 }
 
 /// How many sessions wait for a lock `holder` holds.

@@ -244,7 +244,7 @@ impl Runtime {
                 .ack_and_fetch(&mut held, acks.take_ready(), install, wanted)
                 .await;
             Counters::bump(&self.counters.fetches);
-            if matches!(fetched, Ok(Ok(_))) {
+            if matches!(fetched, Ok(Ok(_) | Err(QueueError::Fenced { .. }))) {
                 retry.answered();
             }
             match fetched {
