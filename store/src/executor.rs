@@ -230,6 +230,17 @@ pub trait LockedAggregate: Send + Sync + 'static {
     fn pg_observe(&self, _args: &mut CteStatement) -> Result<String, StoreError> {
         Ok("'null'::json".to_owned())
     }
+    /// Postgres: a boolean expression true exactly when what [`LockedAggregate::pg_observe`]
+    /// yields equals `observed`, for a speculative write (ADR 0052) to check. `None` (the
+    /// default): the write builds that JSON and compares it as `jsonb`. An aggregate overrides
+    /// it where probes by key cost less than building the JSON (ADR 0056).
+    fn pg_observed_is(
+        &self,
+        _args: &mut CteStatement,
+        _observed: &Self::Observed,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
     /// Postgres: a boolean expression that must be true for the write to land, read in the
     /// lock statement (no round trip of its own), and why it refused when false.
     fn pg_guard(&self, _args: &mut CteStatement) -> Result<Option<PgGuard>, StoreError> {

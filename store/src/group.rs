@@ -134,17 +134,47 @@ impl LockedAggregate for GroupLock {
     }
 
     fn pg_observe(&self, args: &mut CteStatement) -> Result<String, StoreError> {
-        let ttl = args.bind(self.instance_ttl.as_secs_f64())?;
+        let live = self.pg_live_json(args)?;
         let declarer = args.bind(self.declarer.clone())?;
         Ok(format!(
-            "json_build_object('live', COALESCE((SELECT json_agg(json_build_object('declarer', \
-               declarer, 'patterns', patterns) ORDER BY declarer COLLATE \"C\") \
-               FROM worker_instance WHERE group_name = $1 \
-               AND heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})), '[]'::json), \
+            "json_build_object('live', {live}, \
              'open_wait', (SELECT json_build_object('patterns', patterns, 'declared_at', \
-               floor(extract(epoch FROM declared_at) * 1000000)::bigint) \
+               {OPEN_WAIT_MICROS}) \
                FROM open_wait WHERE group_name = $1 AND declarer = {declarer}))"
         ))
+    }
+
+    /// No live instance and no open wait (a swap's usual inputs) are two probes by key; the
+    /// JSON is built only for a non-empty live list (ADR 0056).
+    fn pg_observed_is(
+        &self,
+        args: &mut CteStatement,
+        observed: &GroupObserved,
+    ) -> Result<Option<String>, StoreError> {
+        let live = if observed.live.is_empty() {
+            let fresh = self.pg_fresh(args)?;
+            format!("NOT EXISTS (SELECT 1 FROM worker_instance WHERE group_name = $1 AND {fresh})")
+        } else {
+            let live = self.pg_live_json(args)?;
+            let expected = args.bind(sqlx::types::Json(serde_json::to_value(&observed.live)?))?;
+            format!("({live})::jsonb = {expected}::jsonb")
+        };
+        let declarer = args.bind(self.declarer.clone())?;
+        let wait = match &observed.open_wait {
+            None => format!(
+                "NOT EXISTS (SELECT 1 FROM open_wait WHERE group_name = $1 AND declarer = {declarer})"
+            ),
+            Some(wait) => {
+                let patterns = args.bind(wait.patterns.clone())?;
+                let declared_at = args.bind(wait.declared_at.timestamp_micros())?;
+                format!(
+                    "EXISTS (SELECT 1 FROM open_wait WHERE group_name = $1 \
+                     AND declarer = {declarer} AND patterns = {patterns} \
+                     AND {OPEN_WAIT_MICROS} = {declared_at})"
+                )
+            }
+        };
+        Ok(Some(format!("({live} AND {wait})")))
     }
 
     /// The heartbeat rides in the optimistic write as one CTE; a write that also saves the
@@ -245,7 +275,30 @@ impl LockedAggregate for GroupLock {
     }
 }
 
+/// An open wait's `declared_at` as integer microseconds (the form [`OpenWaitRow`] serializes,
+/// whatever the session's time zone).
+const OPEN_WAIT_MICROS: &str = "floor(extract(epoch FROM declared_at) * 1000000)::bigint";
+
 impl GroupLock {
+    /// The condition on a `worker_instance` row of the group that makes it live: a heartbeat
+    /// fresher than the TTL by the store's clock.
+    fn pg_fresh(&self, args: &mut CteStatement) -> Result<String, StoreError> {
+        let ttl = args.bind(self.instance_ttl.as_secs_f64())?;
+        Ok(format!(
+            "heartbeat_at > clock_timestamp() - make_interval(secs => {ttl})"
+        ))
+    }
+
+    /// The group's live instances as a JSON array ordered by declarer in byte order.
+    fn pg_live_json(&self, args: &mut CteStatement) -> Result<String, StoreError> {
+        let fresh = self.pg_fresh(args)?;
+        Ok(format!(
+            "COALESCE((SELECT json_agg(json_build_object('declarer', declarer, \
+               'patterns', patterns) ORDER BY declarer COLLATE \"C\") \
+               FROM worker_instance WHERE group_name = $1 AND {fresh}), '[]'::json)"
+        ))
+    }
+
     /// The group's instances whose heartbeat is fresher than the TTL at `now`.
     fn sqlite_live(
         &self,

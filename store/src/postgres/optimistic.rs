@@ -164,7 +164,7 @@ impl PgStore {
             ));
         };
         let inputs = AssumedInputs {
-            observed: serde_json::to_value(&snapshot.observed)?,
+            observed: &snapshot.observed,
             now,
         };
         let mut conn = self.kept.take(&self.pool).await?;
@@ -199,9 +199,9 @@ fn has_guard<A: LockedAggregate>(target: &A) -> Result<bool, StoreError> {
 }
 
 /// What a speculative decision took for granted beside the version and the stream head.
-struct AssumedInputs {
-    /// The observed value, as the JSON [`LockedAggregate::pg_observe`] yields.
-    observed: serde_json::Value,
+struct AssumedInputs<'a, O> {
+    /// The observed value.
+    observed: &'a O,
     /// The decision's time.
     now: DateTime<Utc>,
 }
@@ -213,16 +213,23 @@ struct AssumedInputs {
 fn assumed_checks<A: LockedAggregate>(
     target: &A,
     statement: &mut CteStatement,
-    inputs: &AssumedInputs,
+    inputs: &AssumedInputs<'_, A::Observed>,
 ) -> Result<String, StoreError> {
-    let observe = target.pg_observe(statement)?;
-    let observed = statement.bind(sqlx::types::Json(inputs.observed.clone()))?;
+    let observed = match target.pg_observed_is(statement, inputs.observed)? {
+        Some(check) => check,
+        None => {
+            let observe = target.pg_observe(statement)?;
+            let value = serde_json::to_value(inputs.observed)?;
+            let expected = statement.bind(sqlx::types::Json(value))?;
+            format!("({observe})::jsonb = {expected}::jsonb")
+        }
+    };
     let now = statement.bind(inputs.now)?;
     Ok(format!(
         "wharf_expect_assumed(COALESCE((SELECT sequence FROM events \
            WHERE aggregate_type = $2 AND aggregate_id = $1 ORDER BY sequence DESC LIMIT 1), 0) \
            = $3, 'stream head') \
-         AND wharf_expect_assumed(({observe})::jsonb = {observed}::jsonb, 'observed') \
+         AND wharf_expect_assumed({observed}, 'observed') \
          AND wharf_expect_assumed(clock_timestamp() >= {now}, 'decision time')"
     ))
 }
@@ -233,7 +240,7 @@ async fn check_unwritten<A: LockedAggregate>(
     conn: &mut PgConnection,
     target: &A,
     version: i64,
-    inputs: &AssumedInputs,
+    inputs: &AssumedInputs<'_, A::Observed>,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
     let mut statement = base_args(target)?;
     let lock = target.pg_lock(&mut statement)?;
@@ -299,13 +306,13 @@ async fn read_unlocked<A: LockedAggregate>(
 }
 
 /// The write of a decision taken on an unlocked read, or on assumed inputs.
-struct CheckedWrite<'a, A> {
+struct CheckedWrite<'a, A: LockedAggregate> {
     target: &'a A,
     projectors: &'a [Arc<dyn PgProjector>],
     version: i64,
     last_sequence: i64,
     /// A speculative decision's inputs, checked with the version.
-    assumed: Option<&'a AssumedInputs>,
+    assumed: Option<&'a AssumedInputs<'a, A::Observed>>,
 }
 
 impl<A: LockedAggregate> CheckedWrite<'_, A> {

@@ -5,7 +5,10 @@
 -- groups and of the bench's two binding sets (`p`), an event sequence from `seqgen` (the real
 -- statement binds the next one), and checks written so that they always hold (the version
 -- compared with itself, the head with zero, the time with an hour ago) but cost what the real
--- ones cost. Run against a scratch database with Wharf's Postgres migrations applied:
+-- ones cost. The observation is checked as a swap's usually is since ADR 0056: no live
+-- instance and no open wait of the declarer, two probes by key (before it, the JSON of both
+-- was built and compared as jsonb). Run against a scratch database with Wharf's Postgres
+-- migrations applied:
 --
 --   createdb -h 127.0.0.1 -U postgres regbench
 --   for f in migrations/postgres/*.sql; do psql -q -h 127.0.0.1 -U postgres -d regbench -f "$f"; done
@@ -21,7 +24,7 @@
 -- colon.
 WITH p AS (SELECT 'group-' || floor(random()*50)::int AS g, floor(random()*2)::int AS r)
 , version_bump AS (UPDATE consumer_group SET version = version + 1 WHERE group_name = (SELECT g FROM p) RETURNING version)
-, version_checked AS (SELECT wharf_expect_version((SELECT version FROM version_bump), (SELECT version FROM version_bump))  AND wharf_expect_assumed(COALESCE((SELECT sequence FROM events WHERE aggregate_type = 'consumer_group' AND aggregate_id = (SELECT g FROM p) ORDER BY sequence DESC LIMIT 1), 0) >= 0, 'stream head') AND wharf_expect_assumed((json_build_object('live', COALESCE((SELECT json_agg(json_build_object('declarer', declarer, 'patterns', patterns) ORDER BY declarer COLLATE "C") FROM worker_instance WHERE group_name = (SELECT g FROM p) AND heartbeat_at > clock_timestamp() - make_interval(secs => 0.4)), '[]'::json), 'open_wait', (SELECT json_build_object('patterns', patterns, 'declared_at', floor(extract(epoch FROM declared_at) * 1000000)::bigint) FROM open_wait WHERE group_name = (SELECT g FROM p) AND declarer = 'deploy-2')))::jsonb = '{"live": [], "open_wait": null}'::jsonb, 'observed') AND wharf_expect_assumed(clock_timestamp() >= now() - interval '1 hour', 'decision time') AS checked)
+, version_checked AS (SELECT wharf_expect_version((SELECT version FROM version_bump), (SELECT version FROM version_bump)) AND wharf_expect_assumed(COALESCE((SELECT sequence FROM events WHERE aggregate_type = 'consumer_group' AND aggregate_id = (SELECT g FROM p) ORDER BY sequence DESC LIMIT 1), 0) >= 0, 'stream head') AND wharf_expect_assumed(NOT EXISTS (SELECT 1 FROM worker_instance WHERE group_name = (SELECT g FROM p) AND heartbeat_at > clock_timestamp() - make_interval(secs => 0.4)) AND NOT EXISTS (SELECT 1 FROM open_wait WHERE group_name = (SELECT g FROM p) AND declarer = 'deploy-2'), 'observed') AND wharf_expect_assumed(clock_timestamp() >= now() - interval '1 hour', 'decision time') AS checked)
 , append_lock AS (SELECT pg_advisory_xact_lock(hashtext(current_schema() || chr(58) || 'wharf.events')) FROM version_checked)
 , appended AS (INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, event_version, payload, metadata) SELECT 'consumer_group', (SELECT g FROM p), nextval('seqgen'), 'DeclarationInstalled', '1.0', '{"kind": "installed","group": "billing","topic": "orders","declarer": "deploy-7","version": "1","patterns": ["orders/h"],"declared_at": "2026-12-03T06:39:24.202795Z","attempt_at": "2026-12-03T06:39:24.202795Z","previous": ["orders/g"]}'::json, '{"declarer": "deploy-7","wharf_version": "0.1.0"}'::json FROM append_lock RETURNING position, recorded_at)
 , bindings_gone AS (DELETE FROM binding WHERE group_name = (SELECT g FROM p) AND pattern <> ALL(CASE WHEN (SELECT r FROM p) = 0 THEN '{orders/+/paid,orders/+/refunded}'::text[] ELSE '{orders/#}'::text[] END))
