@@ -6,6 +6,7 @@
 //! The store's clock is this process's clock in microseconds, kept monotonic; writes read it
 //! under the writer lock, so their times follow commit order.
 
+pub mod build_options;
 mod events;
 mod executor;
 mod group;
@@ -116,7 +117,11 @@ impl SqliteStore {
         let path = path.to_path_buf();
         let conn = blocking({
             let path = path.clone();
-            move || open_connection(&path, create)
+            move || {
+                let conn = open_connection(&path, create)?;
+                build_options::warn_once_if_contended(&conn);
+                Ok(conn)
+            }
         })
         .await?;
         Ok(Self {
