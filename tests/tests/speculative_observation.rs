@@ -226,27 +226,23 @@ async fn every_assumption_is_checked(backend: Backend) {
     must_conflict(store, "open wait (none)", &one_live).await;
     let wait = open_wait_of(store).await;
     let exact = observed(vec![worker.clone()], Some(wait.clone()));
-    let other_patterns = OpenWaitRow {
-        patterns: patterns(&["orders/+/refunded"]),
+    let microseconds = |off_by: i64| OpenWaitRow {
+        declared_at: wait.declared_at + TimeDelta::microseconds(off_by),
         ..wait.clone()
     };
-    must_conflict(
-        store,
-        "open wait patterns",
-        &observed(vec![worker.clone()], Some(other_patterns)),
-    )
-    .await;
-    for off_by in [-1, 1] {
-        let a_microsecond_off = OpenWaitRow {
-            declared_at: wait.declared_at + TimeDelta::microseconds(off_by),
-            ..wait.clone()
-        };
-        must_conflict(
-            store,
-            "open wait time",
-            &observed(vec![worker.clone()], Some(a_microsecond_off)),
-        )
-        .await;
+    let wrong_waits = [
+        (
+            "open wait patterns",
+            OpenWaitRow {
+                patterns: patterns(&["orders/+/refunded"]),
+                ..wait.clone()
+            },
+        ),
+        ("open wait time, a microsecond early", microseconds(-1)),
+        ("open wait time, a microsecond late", microseconds(1)),
+    ];
+    for (what, wrong) in wrong_waits {
+        must_conflict(store, what, &observed(vec![worker.clone()], Some(wrong))).await;
     }
     must_land(store, "open wait", &exact).await;
 
