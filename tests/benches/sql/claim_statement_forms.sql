@@ -10,20 +10,7 @@
 -- CALL claim_bench(500): each form claims 10 in turn (EXECUTE: parsed and planned every call,
 -- like sqlx's unnamed statement), its rows are deleted (the ack) and committed.
 
-INSERT INTO topic (name, head) VALUES ('telemetry', 40000) ON CONFLICT DO NOTHING;
-INSERT INTO consumer_group (group_name, topic, routed_position, claim_floor, routed_install,
-  rescan_position, rescan_until)
-VALUES ('thermostats', 'telemetry', 40000, 1, 7, 1, 0) ON CONFLICT DO NOTHING;
-INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, declared_at,
-  attempt_at, position, installs)
-SELECT 'thermostats', 'telemetry', 'd', '1',
-  ARRAY(SELECT 'sensors/' || i || '/+' FROM generate_series(0, 99) i), now(), now(), 7, 1
-ON CONFLICT DO NOTHING;
-INSERT INTO message (topic, position, subject, payload, headers)
-SELECT 'telemetry', g,
-  CASE WHEN g % 2 = 1 THEN 'sensors/' ELSE 'metrics/' END || (g / 2 % 100) || '/temp',
-  convert_to(repeat('a', 64), 'UTF8'), '{"source":"bench"}'
-FROM generate_series(1, 40000) g ON CONFLICT DO NOTHING;
+\ir claim_fixture.sql
 
 CREATE OR REPLACE PROCEDURE claim_bench(n int) LANGUAGE plpgsql AS $$
 DECLARE
