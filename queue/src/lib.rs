@@ -33,9 +33,9 @@ use postgres::OnLocked;
 pub use error::QueueError;
 pub use held::HeldConnection;
 pub use message::{
-    validate_batch, AckOutcome, AckedFetch, Claimed, DeadLetter, EffectiveInstall, ExtendOutcome,
-    GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings, RetentionReport,
-    RouteReport, SwapRecord, SwapReport, TopicStats,
+    doubled, validate_batch, AckOutcome, AckedFetch, Claimed, DeadLetter, EffectiveInstall,
+    ExtendOutcome, GroupQueueStats, Headers, NackOutcome, OutgoingMessage, QueueSettings,
+    RetentionReport, RouteReport, SwapRecord, SwapReport, TopicStats,
 };
 pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
 

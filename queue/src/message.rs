@@ -161,10 +161,15 @@ impl QueueSettings {
     /// The backoff after the given number of attempts: base x 2^(attempts-1), capped.
     pub fn backoff(&self, attempts: i32) -> Duration {
         let doublings = attempts.saturating_sub(1).clamp(0, 30) as u32;
-        self.backoff_base
-            .saturating_mul(1u32 << doublings)
-            .min(self.backoff_max)
+        doubled(self.backoff_base, doublings, self.backoff_max)
     }
+}
+
+/// `base` doubled `doublings` times, at most `cap` (never overflowing): the shape of every
+/// backoff here, a nacked message's and a failed fetch's.
+pub fn doubled(base: Duration, doublings: u32, cap: Duration) -> Duration {
+    base.saturating_mul(1u32.checked_shl(doublings).unwrap_or(u32::MAX))
+        .min(cap)
 }
 
 /// The install in effect for a group.

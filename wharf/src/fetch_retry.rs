@@ -20,9 +20,7 @@ pub(crate) struct FetchRetry {
 impl FetchRetry {
     /// Records a failed fetch; returns how long to wait before the next one.
     pub(crate) fn failed(&mut self, poll_interval: Duration) -> Duration {
-        let pause = FIRST_RETRY
-            .saturating_mul(1u32.checked_shl(self.failures).unwrap_or(u32::MAX))
-            .min(poll_interval);
+        let pause = wharf_queue::doubled(FIRST_RETRY, self.failures, poll_interval);
         self.failures = self.failures.saturating_add(1);
         pause
     }

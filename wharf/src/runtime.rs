@@ -281,30 +281,23 @@ impl Runtime {
                     );
                     fenced.send_replace(Some(install));
                 }
-                Ok(Err(e)) => {
+                failed => {
                     drop(permits);
                     held.release();
                     self.metrics.fetch_errors.inc();
                     let pause = retry.failed(self.config.poll_interval);
-                    warn!(
-                        error = %e,
-                        retry_in = %humantime::format_duration(pause),
-                        "fetching messages failed; retrying"
-                    );
-                    let pause = tokio::time::sleep(pause);
-                    self.settling(pause, &mut acks, &mut stop, &mut state).await;
-                }
-                Err(_) => {
-                    drop(permits);
-                    held.release();
-                    self.metrics.fetch_errors.inc();
-                    let pause = retry.failed(self.config.poll_interval);
-                    warn!(
-                        deadline = %humantime::format_duration(self.call_deadline),
-                        retry_in = %humantime::format_duration(pause),
-                        "fetching messages got no answer within its deadline; retrying (anything \
-                         it claimed is redelivered after the visibility timeout)"
-                    );
+                    let retry_in = humantime::format_duration(pause);
+                    match failed {
+                        Ok(Err(e)) => {
+                            warn!(error = %e, %retry_in, "fetching messages failed; retrying");
+                        }
+                        _ => warn!(
+                            deadline = %humantime::format_duration(self.call_deadline),
+                            %retry_in,
+                            "fetching messages got no answer within its deadline; retrying \
+                             (anything it claimed is redelivered after the visibility timeout)"
+                        ),
+                    }
                     let pause = tokio::time::sleep(pause);
                     self.settling(pause, &mut acks, &mut stop, &mut state).await;
                 }
