@@ -220,6 +220,25 @@ pub async fn hold_group_row(conn: &mut sqlx::PgConnection, group: &str) -> i32 {
         .unwrap()
 }
 
+/// Runs SQL (one statement or several) directly on the store's own connection: a table a test
+/// needs, a row it plants, a projection it corrupts on purpose.
+pub async fn execute_sql(store: &Store, sql: &str) {
+    match store {
+        Store::Sqlite(s) => {
+            let sql = sql.to_owned();
+            s.write(move |ctx| Ok(ctx.tx.execute_batch(&sql)?))
+                .await
+                .expect("running SQL on SQLite");
+        }
+        Store::Postgres(s) => {
+            sqlx::raw_sql(sql)
+                .execute(s.pool())
+                .await
+                .expect("running SQL on Postgres");
+        }
+    }
+}
+
 /// Waits until `condition` holds, polling every 10 ms, failing the test after `deadline`.
 pub async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut condition: F)
 where

@@ -21,7 +21,7 @@ use wharf::domain::{DeclarationEvent, DeclarerId, GroupName, RegisterOutcome};
 use wharf::projections::{EffectiveView, PruneOptions};
 use wharf::store::{Progress, RebuildMode, RebuildReport, RecordedEvent, Store};
 use wharf::{Consumer, ConsumerState, Registration, Wharf};
-use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
+use wharf_tests::{execute_sql, on_both_backends, wait_until, Backend, TestStore};
 
 const GROUPS: [&str; 3] = ["alpha", "beta", "gamma"];
 const DECLARERS: usize = 5;
@@ -346,23 +346,6 @@ async fn rebuild(wharf: &Wharf, mode: RebuildMode) -> RebuildReport {
     report
 }
 
-/// Runs SQL on the store's own connection (to corrupt a projection on purpose).
-async fn execute(store: &Store, sql: String) {
-    match store {
-        Store::Sqlite(s) => {
-            s.write(move |ctx| Ok(ctx.tx.execute_batch(&sql)?))
-                .await
-                .expect("SQL on SQLite");
-        }
-        Store::Postgres(s) => {
-            sqlx::raw_sql(&sql)
-                .execute(s.pool())
-                .await
-                .expect("SQL on Postgres");
-        }
-    }
-}
-
 fn installed_count(events: &[RecordedEvent]) -> usize {
     events
         .iter()
@@ -417,9 +400,9 @@ async fn rebuild_and_prune_after_a_random_workload(backend: Backend) {
     let before = effective_facts(&wharf).await;
     let (rows, view) = before.get(alpha).expect("alpha has an install").clone();
     let victim = rows.first().expect("alpha has binding rows").clone();
-    execute(
+    execute_sql(
         wharf.store(),
-        format!(
+        &format!(
             "UPDATE binding SET pattern = 'corrupted/#' WHERE group_name = '{alpha}' \
              AND pattern = '{victim}'; \
              UPDATE effective_declaration SET installs = installs + 100 WHERE group_name = '{alpha}'"

@@ -11,7 +11,7 @@ use wharf::domain::session::{ExactFilter, Qos, MANAGED_SESSION_AGGREGATE};
 use wharf::sessions::{LeaseLedger, RenewVerdict, SessionLedger};
 use wharf::store::LeaseClaim;
 use wharf::WharfError;
-use wharf_tests::{on_both_backends, Backend, TestStore};
+use wharf_tests::{execute_sql, on_both_backends, Backend, TestStore};
 
 const SESSION: &str = "ms-0123456789abcdef0123456789abcdef";
 
@@ -268,23 +268,6 @@ on_both_backends!(
     superseded_renewals_are_pruned
 );
 
-/// Runs SQL on the store's own connection (to corrupt a projection on purpose).
-async fn execute(store: &wharf::store::Store, sql: &str) {
-    let sql = sql.to_owned();
-    match store {
-        wharf::store::Store::Sqlite(s) => s
-            .write(move |ctx| Ok(ctx.tx.execute_batch(&sql)?))
-            .await
-            .expect("SQL on SQLite"),
-        wharf::store::Store::Postgres(s) => {
-            sqlx::raw_sql(&sql)
-                .execute(s.pool())
-                .await
-                .expect("SQL on Postgres");
-        }
-    }
-}
-
 /// The lease row is applied event by event in a rebuild (it has no set-based replay), so
 /// Verify keeps the live row aside and replays into the table itself: a corrupted row is
 /// reported in both directions, survives the verify, and an Apply restores it.
@@ -298,7 +281,7 @@ async fn verify_reports_a_corrupted_lease_row(backend: Backend) {
         .await
         .expect("acquire");
     let before = leases.row(SESSION).await.expect("row");
-    execute(&ts.store, "UPDATE session_lease SET token = token + 7").await;
+    execute_sql(&ts.store, "UPDATE session_lease SET token = token + 7").await;
     let corrupted = leases.row(SESSION).await.expect("row");
     assert_ne!(corrupted, before);
     let progress: wharf::store::Progress = std::sync::Arc::new(|_, _| {});

@@ -13,7 +13,7 @@ use wharf::store::{
     Assumed, AttemptForm, GroupExtra, GroupLock, GroupObserved, GroupWrite, Heartbeat,
     LiveInstanceRow, OpenWaitRow, Store,
 };
-use wharf_tests::{keep_live, on_postgres, Backend, TestStore};
+use wharf_tests::{execute_sql, keep_live, on_postgres, Backend, TestStore};
 
 const GROUP: &str = "billing";
 const DECLARER: &str = "deploy-2";
@@ -165,14 +165,6 @@ async fn instance_exists(store: &Store, declarer: &str) -> bool {
     .expect("instance query")
 }
 
-/// Postgres SQL run as is on the test schema's pool.
-async fn execute(store: &Store, sql: &str) {
-    let Store::Postgres(s) = store else {
-        unreachable!("Postgres only")
-    };
-    sqlx::raw_sql(sql).execute(s.pool()).await.expect(sql);
-}
-
 /// The declarer's open wait, as its row holds it.
 async fn open_wait_of(store: &Store) -> OpenWaitRow {
     let (_, actual) = read(store).await;
@@ -197,7 +189,7 @@ async fn every_assumption_is_checked(backend: Backend) {
     must_conflict(store, "open wait", &observed(Vec::new(), Some(wait))).await;
 
     // An instance whose heartbeat lapsed is not live.
-    execute(
+    execute_sql(
         store,
         "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, \
          started_at, heartbeat_at) VALUES ('billing', 'worker-1', 'orders', '1', \
@@ -217,7 +209,7 @@ async fn every_assumption_is_checked(backend: Backend) {
     must_land(store, "live list", &one_live).await;
 
     // The declarer's open wait: compared column by column.
-    execute(
+    execute_sql(
         store,
         "INSERT INTO open_wait (group_name, declarer, patterns, declared_at) \
          VALUES ('billing', 'deploy-2', '{orders/#}', now() - interval '5 minutes')",

@@ -23,7 +23,7 @@ use wharf::store::{
     SqliteProjector, SqliteStore, Store, StoreError,
 };
 use wharf::Registration;
-use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
+use wharf_tests::{execute_sql, on_both_backends, wait_until, Backend, TestStore};
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -59,26 +59,6 @@ async fn all_events(store: &Store) -> Vec<RecordedEvent> {
         .read_after(0, 100_000)
         .await
         .expect("reading the ledger")
-}
-
-/// Runs a DDL or DML statement directly on the store's own connection.
-async fn execute(store: &Store, sql: &'static str) {
-    match store {
-        Store::Sqlite(s) => {
-            s.write(move |ctx| {
-                ctx.tx.execute_batch(sql)?;
-                Ok(())
-            })
-            .await
-            .expect("running SQL on SQLite");
-        }
-        Store::Postgres(s) => {
-            sqlx::raw_sql(sql)
-                .execute(s.pool())
-                .await
-                .expect("running SQL on Postgres");
-        }
-    }
 }
 
 /// A boxed future as `#[async_trait]` expects from a `PgProjector::apply` (this crate does not
@@ -454,7 +434,7 @@ on_both_backends!(
 
 async fn inline_projector_failure_rolls_back(backend: Backend) {
     let ts = TestStore::new(backend).await;
-    execute(
+    execute_sql(
         &ts.store,
         "CREATE TABLE scribble (position BIGINT PRIMARY KEY)",
     )
@@ -771,7 +751,7 @@ on_both_backends!(
 async fn catch_up_applies_every_event_exactly_once(backend: Backend) {
     let ts = TestStore::new(backend).await;
     let store = &ts.store;
-    execute(store, Counter::DDL).await;
+    execute_sql(store, Counter::DDL).await;
 
     assert_eq!(catch_up(store, 2).await, 0, "an empty log applies nothing");
     assert_eq!(
@@ -848,7 +828,7 @@ const BLOCKED_FOR: Duration = Duration::from_millis(300);
 async fn catch_up_never_skips_a_late_commit(backend: Backend) {
     let ts = TestStore::new(backend).await;
     let store = ts.store.clone();
-    execute(&store, Counter::DDL).await;
+    execute_sql(&store, Counter::DDL).await;
 
     let late_position = match backend {
         Backend::Postgres => {
