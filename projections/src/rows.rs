@@ -3,10 +3,11 @@
 //! Every statement here is keyed: a group page walks `effective_declaration` by name (or by
 //! `(topic, group_name)`), waiters come from the partial index of waiting attempts
 //! `(group_name, declared_at, declarer)`, instances from `worker_instance`'s key. The SQL
-//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres they are
-//! planned on every call with the values given, so a plan cached while a table was empty never
-//! serves them (see `docs/adr/0024-paged-listing.md`): the one-group read inside
-//! `wharf_group_view` (ADR 0046), the others as unnamed statements.
+//! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres no plan whose
+//! shape came from a table while it was empty serves them (see
+//! `docs/adr/0024-paged-listing.md`): the one-group read runs inside `wharf_group_view` (ADR
+//! 0046), planned once per connection with every path but an index's off (ADR 0058); the
+//! others are unnamed statements, planned on every call with the values given.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection};
@@ -432,9 +433,11 @@ pub(crate) async fn pg_page(
 /// projector. A row always comes back (the clock and the check); its group columns are NULL
 /// when the group was never declared. Each list is built by the database as JSON text from
 /// its own keyed walk (the partial index of waiting attempts, `worker_instance`'s key), at
-/// most `$4` entries.
+/// most `$4` entries. The log's head is its last position and the group the first name from
+/// `$1`, checked equal: reads only a key's order answers, so the plan the function makes once
+/// per connection reads by key whatever the tables held then (ADR 0058).
 pub const PG_GROUP: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
-       COALESCE((SELECT MAX(position) FROM events), 0) AS head, \
+       COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
        COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
          AS checkpoint) \
      SELECT m.now, m.head, m.checkpoint, e.group_name, e.topic, e.declarer, e.version, \
@@ -450,10 +453,12 @@ pub const PG_GROUP: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
           SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
           FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
           ORDER BY w.declarer LIMIT $4) i) \
-     FROM meta m LEFT JOIN effective_declaration e ON e.group_name = $1";
+     FROM meta m LEFT JOIN LATERAL (SELECT g.* FROM ( \
+         SELECT * FROM effective_declaration g WHERE g.group_name >= $1 \
+         ORDER BY g.group_name LIMIT 1) g WHERE g.group_name = $1) e ON true";
 
-/// The call that reads one group on Postgres: `wharf_group_view` (Postgres migration 0015)
-/// runs [`PG_GROUP`] with its arguments.
+/// The call that reads one group on Postgres: `wharf_group_view` (Postgres migrations 0015
+/// and 0022) runs [`PG_GROUP`] with its arguments.
 pub const PG_GROUP_CALL: &str = "SELECT * FROM wharf_group_view($1, $2, $3, $4, $5, $6)";
 
 /// A waiter as [`PG_GROUP`]'s JSON carries it.
@@ -518,8 +523,8 @@ pub(crate) async fn pg_group_snapshot(
         .clone()
         .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
         .unwrap_or((None, None));
-    // The call is a statement each connection prepares once; the function plans
-    // [`PG_GROUP`] on every call with its values (ADR 0046).
+    // The call is a statement each connection prepares once (ADR 0046); the function plans
+    // [`PG_GROUP`] once per connection, by key whatever the statistics (ADR 0058).
     let row = sqlx::query(PG_GROUP_CALL)
         .bind(&group)
         .bind(after_at)

@@ -158,7 +158,8 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// row count, `$3` the topic (unused without a filter), `$4` whether only waiting groups are
 /// listed (unused here: it picks the form), `$5` the catch-up projector's name and `$6` the
 /// instance TTL in microseconds: the arguments of `wharf_group_summaries` (Postgres migration
-/// 0015, ADR 0046), which runs these four statements, planned on every call.
+/// 0015, ADR 0046), which runs these four statements, each planned once per connection with
+/// every path but an index's off (migration 0022, ADR 0058).
 ///
 /// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or the skip
 /// scan of waiting groups), joined to one row of the clock and the catch-up check, so an
@@ -169,13 +170,15 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// that walk (a window count over at most `COUNT_CAP + 1` rows). The instances are counted
 /// exactly, live and all in one aggregate over the group's `worker_instance` rows by key
 /// (its fleet and the rows not yet reaped, not its history; a `LIMIT` would not bound it:
-/// the planner reads them through a bitmap either way).
+/// the planner reads them through a bitmap either way). The log's head is its last position
+/// (`ORDER BY position DESC LIMIT 1`), not `MAX(position)`, which a plan made on empty tables
+/// answers by aggregating the whole index (ADR 0058).
 pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
     let page = page_sql('$', topic, waiting);
     let (projector, ttl) = ("$5", "$6");
     format!(
         "WITH meta AS (SELECT clock_timestamp() AS now, \
-           COALESCE((SELECT MAX(position) FROM events), 0) AS head, \
+           COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
            COALESCE((SELECT position FROM projection_checkpoint WHERE projector = {projector}), 0) \
              AS checkpoint) \
          SELECT m.now, m.head, m.checkpoint, p.group_name, p.topic, p.declarer, p.version, \
@@ -242,8 +245,8 @@ pub(crate) async fn pg_summaries(
     page: &PageKeys,
     ttl_micros: i64,
 ) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
-    // A statement each connection prepares once: the call. The function plans the page's
-    // statement on every call with its values (ADR 0046).
+    // A statement each connection prepares once: the call (ADR 0046). The function plans
+    // the page's statement once per connection, by key whatever the statistics (ADR 0058).
     let rows = sqlx::query(PG_SUMMARIES_CALL)
         .bind(&page.after)
         .bind(page.fetch)

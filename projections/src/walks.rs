@@ -49,7 +49,10 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
         // Each LATERAL subquery has a LIMIT, so none is flattened into a join (a hash join
         // over a scan of every group, or a bitmap of every waiting attempt of a group). The
         // recursion yields group names in order and is evaluated only as far as the LIMIT
-        // pulls; the outer ORDER BY sorts the page, never the recursion.
+        // pulls; the outer ORDER BY sorts the page, never the recursion. Each group is looked
+        // up as the first name from the one sought, then checked equal: only the primary key
+        // gives that order, where an equality on the name alone ties, in a plan made on empty
+        // tables, with a walk of the whole `(topic, group_name)` index (ADR 0058).
         let topic = topic.replace("e.topic", "g.topic");
         let (first, step) = (next_waiting(&format!("{p}1")), next_waiting("w.name"));
         return format!(
@@ -58,7 +61,9 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
                  {first} UNION ALL SELECT {step} \
                  FROM waiting w WHERE w.name IS NOT NULL) \
                SELECT g.* FROM waiting w CROSS JOIN LATERAL ( \
-                 SELECT g.* FROM effective_declaration g CROSS JOIN LATERAL ( \
+                 SELECT g.* FROM ( \
+                   SELECT * FROM effective_declaration g WHERE g.group_name >= w.name \
+                   ORDER BY g.group_name LIMIT 1) g CROSS JOIN LATERAL ( \
                    SELECT 1 FROM declarer_attempt a WHERE a.group_name = g.group_name \
                    AND a.status = 'waiting' AND a.patterns <> g.patterns \
                    ORDER BY a.declared_at, a.declarer LIMIT 1) open \

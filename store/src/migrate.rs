@@ -64,6 +64,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(19, "postgres", "0019_claim_by_key.sql"),
     migration!(20, "postgres", "0020_expect_assumed.sql"),
     migration!(21, "postgres", "0021_claim_set_based.sql"),
+    migration!(22, "postgres", "0022_listing_plans_once.sql"),
 ];
 
 /// The schema version this build needs.

@@ -58,8 +58,9 @@ macro_rules! figures_sql {
        COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
        d.claimable, d.in_flight, d.backing_off, \
        (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
-       (SELECT m.published_at FROM delivery f JOIN message m \
-          ON m.topic = f.topic AND m.position = f.position \
+       (SELECT m.published_at FROM delivery f CROSS JOIN LATERAL ( \
+          SELECT n.published_at FROM message n \
+          WHERE n.topic = f.topic AND n.position = f.position OFFSET 0) m \
           WHERE f.group_name = g.group_name ORDER BY f.position LIMIT 1), \
        clock.now, \
        (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
@@ -78,10 +79,13 @@ macro_rules! figures_sql {
 }
 
 /// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
-/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned on every call with
-/// JIT compilation and bitmap scans off. Each group's queue rows are read by key: its
-/// deliveries once for the three counts (`FILTER`s of one aggregate), the first of them by
-/// position for the oldest unacked message, its dead letters and set-aside rows counted.
+/// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned once per connection
+/// with every path but an index's off and JIT compilation off (migration 0022, ADR 0058).
+/// Each group's queue rows are read by key: its deliveries once for the three counts
+/// (`FILTER`s of one aggregate), the first of them by position for the oldest unacked message
+/// (its message read in a `LATERAL` subquery by the whole `message` key, `OFFSET 0` keeping it
+/// out of a join: a join, planned once on empty tables, walked all of `message`), its dead
+/// letters and set-aside rows counted.
 pub const GROUP_FIGURES_SQL: &str = figures_sql!("WHERE g.group_name = ANY($1::text[]) ");
 
 /// The same figures of every group (`/metrics`, the CLI), planned on every call.
