@@ -100,11 +100,15 @@ impl TestStore {
         }
     }
 
-    /// Settings for a pool on `schema` of the test database.
+    /// Settings for a pool on `schema` of the test database: 24 connections, or as many as
+    /// `WHARF_TEST_PG_POOL` says (the benches' pool-size runs, docs/benchmarks.md).
     pub fn pg_settings(schema: &str) -> PgSettings {
         PgSettings {
             schema: Some(schema.to_owned()),
-            max_connections: 24,
+            max_connections: std::env::var("WHARF_TEST_PG_POOL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(24),
             ..PgSettings::new(pg_url())
         }
     }
