@@ -54,7 +54,7 @@ pub use handlers::{
     METRICS_PATH, OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
 };
 pub use metrics::{Metrics, StoreCollector};
-pub use server::{bounded_router, serve_with, HttpLimits};
+pub use server::{bounded_router, default_max_concurrent_reads, serve_with, HttpLimits};
 pub use sessions::{
     LiveLease, LiveSession, ReconcileReport, SessionDetail, SessionEventPage, SessionList,
     SessionSource,

@@ -8,6 +8,11 @@
 //! - **Request timeout** and **concurrency limit**: a middleware waits for one of
 //!   `max_concurrent_requests` permits and runs the handler, both within `request_timeout`;
 //!   past it the answer is the JSON error `timeout` (503).
+//! - **Store-read limit** (ADR 0059): a request that reads the store (every path but the
+//!   probes and the OpenAPI document) also waits for one of `max_concurrent_reads` permits,
+//!   first come first served, within the same `request_timeout`. Reads beyond what the
+//!   database can run at once only lengthen each other's tail; queued here, each runs at full
+//!   speed once it starts.
 //! - **Body limit**: a declared `Content-Length` above `max_body_bytes` is refused with 413
 //!   before any of the body is read; every endpoint is a GET and reads no body.
 //! - **Connection limit**: at most `max_connections` connections are served; the accept loop
@@ -49,6 +54,18 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// The most requests handled at once.
     pub max_concurrent_requests: usize,
+    /// The most requests reading the store at once (probes and the OpenAPI document aside).
+    pub max_concurrent_reads: usize,
+}
+
+/// The default bound on concurrent store reads: this host's cores plus one (two when they
+/// cannot be read), at most 64. The listing's reads are CPU work on cached pages: for the
+/// embedded SQLite store, and a Postgres on the same host, one per core keeps the database
+/// busy and one more covers a read in transit (ADR 0059 has the runs this was chosen on).
+pub fn default_max_concurrent_reads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |cores| cores.get() + 1)
+        .min(64)
 }
 
 impl Default for HttpLimits {
@@ -60,12 +77,14 @@ impl Default for HttpLimits {
             max_body_bytes: 64 * 1024,
             max_connections: 1024,
             max_concurrent_requests: 256,
+            max_concurrent_reads: default_max_concurrent_reads(),
         }
     }
 }
 
 struct Bounds {
     permits: Semaphore,
+    reads: Semaphore,
     request_timeout: Duration,
     max_body_bytes: u64,
 }
@@ -75,6 +94,7 @@ struct Bounds {
 pub fn bounded_router(state: ApiState, limits: &HttpLimits) -> Router {
     let bounds = Arc::new(Bounds {
         permits: Semaphore::new(limits.max_concurrent_requests.max(1)),
+        reads: Semaphore::new(limits.max_concurrent_reads.max(1)),
         request_timeout: limits.request_timeout,
         max_body_bytes: limits.max_body_bytes,
     });
@@ -101,8 +121,14 @@ async fn bound_request(
         }
         .into_response();
     }
+    let reads_store = reads_store(request.uri().path());
     let work = async {
         let _permit = bounds.permits.acquire().await;
+        let _read = if reads_store {
+            Some(bounds.reads.acquire().await)
+        } else {
+            None
+        };
         next.run(request).await
     };
     match tokio::time::timeout(bounds.request_timeout, work).await {
@@ -112,6 +138,14 @@ async fn bound_request(
         }
         .into_response(),
     }
+}
+
+/// Whether a request for `path` reads the store: all but the probes (which must answer while
+/// reads queue) and the OpenAPI document. An unknown path counts as a read; it is answered
+/// at once anyway.
+fn reads_store(path: &str) -> bool {
+    use crate::handlers::{DEEPHEALTH_PATH, HEALTHZ_PATH, OPENAPI_PATH, READYZ_PATH};
+    ![HEALTHZ_PATH, READYZ_PATH, DEEPHEALTH_PATH, OPENAPI_PATH].contains(&path)
 }
 
 /// Serves the API on `listener` with `limits` until `shutdown` completes, then closes idle
@@ -251,5 +285,37 @@ async fn serve_connection(
                 closing = true;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handlers::{
+        DEEPHEALTH_PATH, GROUPS_PATH, HEALTHZ_PATH, METRICS_PATH, OPENAPI_PATH, READYZ_PATH,
+    };
+
+    #[test]
+    fn probes_and_the_document_take_no_read_permit_and_everything_else_does() {
+        for path in [HEALTHZ_PATH, READYZ_PATH, DEEPHEALTH_PATH, OPENAPI_PATH] {
+            assert!(!reads_store(path), "{path}");
+        }
+        for path in [
+            GROUPS_PATH,
+            "/api/v1/groups/billing",
+            "/api/v1/topics",
+            METRICS_PATH,
+            "/no/such/path",
+        ] {
+            assert!(reads_store(path), "{path}");
+        }
+    }
+
+    #[test]
+    fn the_default_read_bound_is_the_cores_plus_one_within_two_and_64() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let bound = default_max_concurrent_reads();
+        assert_eq!(bound, (cores + 1).min(64));
+        assert_eq!(HttpLimits::default().max_concurrent_reads, bound);
     }
 }

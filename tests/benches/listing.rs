@@ -14,11 +14,12 @@
 //! a rebuild leaves it. With `WHARF_BENCH_KEEP=1` a Postgres store is kept after its run (its
 //! schema is printed) for `EXPLAIN` by hand; drop it when done.
 //!
-//! The real API (`wharf_api::serve` on a loopback port 0) answers each case; each case is
-//! `WHARF_BENCH_REQUESTS` requests (default 2,000) over `WHARF_BENCH_CONNECTIONS` keep-alive
-//! connections (default 8, like wrk), the body read in full; the baseline is the same read as
-//! one statement building the same page as JSON in the database (`listing/baseline.rs`), over
-//! as many concurrent tasks. Halves interleave (baseline, API, baseline, API); p50 and p99 are
+//! The real API (`wharf_api::serve_with` on a loopback port 0) answers each case, its bound
+//! on store reads at once (`http.max_concurrent_reads`, ADR 0059) at its default or
+//! `WHARF_BENCH_READS`; each case is `WHARF_BENCH_REQUESTS` requests (default 2,000) over
+//! `WHARF_BENCH_CONNECTIONS` keep-alive connections (default 8, like wrk), the body read in
+//! full; the baseline is the same read as one statement building the same page as JSON in the
+//! database (`listing/baseline.rs`), over as many concurrent tasks. Halves interleave (baseline, API, baseline, API); p50 and p99 are
 //! over all requests of a side. Ratio = baseline p99 / API p99.
 //!
 //! With `WHARF_BENCH_EXPLAIN=1` the Postgres runs print `EXPLAIN (ANALYZE, BUFFERS)` of every
@@ -134,14 +135,18 @@ struct Server {
 }
 
 impl Server {
-    async fn start(store: Store) -> Self {
+    async fn start(store: Store, max_concurrent_reads: usize) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a port");
         let base = format!("http://{}", listener.local_addr().expect("an address"));
         let (stop, stopped) = oneshot::channel::<()>();
         let state = ApiState::new(ReadModel::new(store, Duration::from_secs(60)));
-        tokio::spawn(wharf_api::serve(listener, state, async move {
+        let limits = wharf_api::HttpLimits {
+            max_concurrent_reads,
+            ..wharf_api::HttpLimits::default()
+        };
+        tokio::spawn(wharf_api::serve_with(listener, state, limits, async move {
             let _ = stopped.await;
         }));
         let client = reqwest::Client::builder()
@@ -520,6 +525,10 @@ async fn main() {
     let events = number("WHARF_BENCH_EVENTS", 1_000_000);
     let requests = number("WHARF_BENCH_REQUESTS", 2_000);
     let conns = number("WHARF_BENCH_CONNECTIONS", 8);
+    let reads = number(
+        "WHARF_BENCH_READS",
+        wharf_api::default_max_concurrent_reads(),
+    );
     let long = list("WHARF_BENCH_LONG", &[1_000, 10_000, 100_000]);
     let explain = std::env::var("WHARF_BENCH_EXPLAIN").is_ok_and(|v| v == "1");
     let profiling = std::env::var("WHARF_BENCH_PROFILE").is_ok_and(|v| v == "1");
@@ -535,13 +544,13 @@ async fn main() {
             let loaded = start.elapsed().as_secs_f64();
             let rebuilt = rebuild(&test).await;
             state::insert_state(&test.store).await;
-            let server = Server::start(test.store.clone()).await;
+            let server = Server::start(test.store.clone(), reads).await;
             let (pages, walked) = walk(&server, &groups).await;
             println!();
             println!(
                 "### {backend:?}, {events} events, {} groups (long: {long:?}): loaded in \
                  {loaded:.1} s, rebuilt in {rebuilt:.1} s, whole chain of {pages} pages walked \
-                 in {walked:.2} s; load {}",
+                 in {walked:.2} s; API reads at once: {reads}; load {}",
                 groups.len(),
                 load_average()
             );

@@ -373,6 +373,11 @@ mod tests {
                 "0",
                 "http.max_concurrent_requests",
             ),
+            (
+                "WHARF_HTTP__MAX_CONCURRENT_READS",
+                "0",
+                "http.max_concurrent_reads",
+            ),
             ("WHARF_HTTP__METRICS_TIMEOUT", "0s", "http.metrics_timeout"),
             ("WHARF_MQTT__DRAIN_TIMEOUT", "0s", "mqtt.drain_timeout"),
             (

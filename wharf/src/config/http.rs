@@ -32,6 +32,10 @@ pub struct HttpConfig {
     pub max_connections: u32,
     /// The most requests handled at once; further ones wait (within `request_timeout`).
     pub max_concurrent_requests: u32,
+    /// The most requests reading the store at once (all but the probes and the OpenAPI
+    /// document); further ones wait, first come first served, within `request_timeout`
+    /// (ADR 0059). Default: this host's cores plus one, at most 64.
+    pub max_concurrent_reads: u32,
     /// How long a `/metrics` scrape waits for the store's figures; past it `wharf_store_up` is
     /// 0 and the process counters are served without them. Below `request_timeout`.
     #[serde(with = "humantime_serde")]
@@ -48,6 +52,8 @@ impl Default for HttpConfig {
             max_body_bytes: 64 * 1024,
             max_connections: 1024,
             max_concurrent_requests: 256,
+            max_concurrent_reads: u32::try_from(wharf_api::default_max_concurrent_reads())
+                .unwrap_or(64),
             metrics_timeout: Duration::from_secs(5),
         }
     }
@@ -63,6 +69,7 @@ impl HttpConfig {
             max_body_bytes: self.max_body_bytes,
             max_connections: self.max_connections as usize,
             max_concurrent_requests: self.max_concurrent_requests as usize,
+            max_concurrent_reads: self.max_concurrent_reads as usize,
         }
     }
 
@@ -98,6 +105,7 @@ impl HttpConfig {
         for (key, value) in [
             ("max_connections", self.max_connections),
             ("max_concurrent_requests", self.max_concurrent_requests),
+            ("max_concurrent_reads", self.max_concurrent_reads),
         ] {
             if !(1..=65_536).contains(&value) {
                 return Err(WharfError::Config(format!(
