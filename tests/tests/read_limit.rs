@@ -53,6 +53,14 @@ impl App {
         let request = self.client.get(format!("{}{path}", self.base));
         tokio::spawn(async move { request.send().await.unwrap().status().as_u16() })
     }
+
+    /// GETs `path` and waits (within the deadline) for its status.
+    async fn answer(&self, path: &str) -> u16 {
+        tokio::time::timeout(DEADLINE, self.get(path))
+            .await
+            .unwrap_or_else(|_| panic!("{path} is answered"))
+            .unwrap()
+    }
 }
 
 /// Locks `effective_declaration` in a transaction of another session (a page of groups reads
@@ -96,20 +104,12 @@ async fn a_read_beyond_the_bound_waits_for_a_permit_and_probes_do_not() {
     let (held, sent, mut locker) = hold_a_read(&test, &app).await;
 
     // The liveness probe takes no read permit: answered while the read still holds the only one.
-    let healthz = tokio::time::timeout(DEADLINE, app.get("/healthz"))
-        .await
-        .expect("the probe is answered")
-        .unwrap();
-    assert_eq!(healthz, 200);
+    assert_eq!(app.answer("/healthz").await, 200);
     assert!(!held.is_finished(), "the held read ended before the probe");
 
     // Another read waits for the permit: it is answered only after the held read's request
     // timed out and gave it back.
-    let topics = tokio::time::timeout(DEADLINE, app.get("/api/v1/topics"))
-        .await
-        .expect("the second read is answered")
-        .unwrap();
-    assert_eq!(topics, 200);
+    assert_eq!(app.answer("/api/v1/topics").await, 200);
     assert!(
         sent.elapsed() >= REQUEST_TIMEOUT,
         "answered {:?} after the held read was sent, before its timeout",
@@ -126,11 +126,7 @@ async fn reads_within_the_bound_do_not_wait_for_each_other() {
     let app = App::start(&test, 2).await;
     let (held, _sent, mut locker) = hold_a_read(&test, &app).await;
 
-    let topics = tokio::time::timeout(DEADLINE, app.get("/api/v1/topics"))
-        .await
-        .expect("the second read is answered")
-        .unwrap();
-    assert_eq!(topics, 200);
+    assert_eq!(app.answer("/api/v1/topics").await, 200);
     assert!(
         !held.is_finished(),
         "the held read ended before the second read"
