@@ -19,8 +19,9 @@
 //! `WHARF_BENCH_READS`; each case is `WHARF_BENCH_REQUESTS` requests (default 2,000) over
 //! `WHARF_BENCH_CONNECTIONS` keep-alive connections (default 8, like wrk), the body read in
 //! full; the baseline is the same read as one statement building the same page as JSON in the
-//! database (`listing/baseline.rs`), over as many concurrent tasks. Halves interleave (baseline, API, baseline, API); p50 and p99 are
-//! over all requests of a side. Ratio = baseline p99 / API p99.
+//! database (`listing/baseline.rs`), over as many concurrent tasks. Halves interleave
+//! (baseline, API, baseline, API); p50 and p99 are over all requests of a side. Ratio =
+//! baseline p99 / API p99.
 //!
 //! With `WHARF_BENCH_EXPLAIN=1` the Postgres runs print `EXPLAIN (ANALYZE, BUFFERS)` of every
 //! listing statement at the ledger's size (`listing/plans.rs`); with `WHARF_BENCH_PROFILE=1`

@@ -105,10 +105,11 @@ impl TestStore {
     pub fn pg_settings(schema: &str) -> PgSettings {
         PgSettings {
             schema: Some(schema.to_owned()),
-            max_connections: std::env::var("WHARF_TEST_PG_POOL")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(24),
+            max_connections: std::env::var("WHARF_TEST_PG_POOL").map_or(24, |v| {
+                v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| {
+                    panic!("WHARF_TEST_PG_POOL must be a count above 0, got {v:?}")
+                })
+            }),
             ..PgSettings::new(pg_url())
         }
     }
