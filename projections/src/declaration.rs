@@ -6,6 +6,8 @@
 //! - [`DeclarerAttempts`] (catch-up): each declarer's newest attempt per group, from which the
 //!   listing derives open waiters. An install also marks every other waiter for the same set
 //!   `resolved`, mirroring the aggregate: those declarers join without appending anything.
+//!   Beside them, `waiting_group` names each group that has a waiting attempt, in the same
+//!   transaction, so the page of waiting groups walks one index (ADR 0060).
 
 use async_trait::async_trait;
 use rusqlite::{params, Transaction};
@@ -189,8 +191,28 @@ pub struct DeclarerAttempts;
 impl DeclarerAttempts {
     /// The projector's name (its checkpoint key).
     pub const NAME: &'static str = "declarer_attempts";
-    const TABLES: &'static [&'static str] = &["declarer_attempt"];
+    const TABLES: &'static [&'static str] = &["declarer_attempt", "waiting_group"];
 }
+
+/// SQLite: names `?1` in `waiting_group` exactly when it has a waiting attempt.
+const SQLITE_WAITING_GROUP_ADDED: &str = "INSERT OR IGNORE INTO waiting_group (group_name) \
+     SELECT ?1 WHERE EXISTS (SELECT 1 FROM declarer_attempt a \
+     WHERE a.group_name = ?1 AND a.status = 'waiting')";
+const SQLITE_WAITING_GROUP_GONE: &str = "DELETE FROM waiting_group WHERE group_name = ?1 \
+     AND NOT EXISTS (SELECT 1 FROM declarer_attempt a \
+     WHERE a.group_name = ?1 AND a.status = 'waiting')";
+
+/// Postgres: an install's resolution of the other waiters for its set (`$1` group, `$2` set,
+/// `$3` installer), and `waiting_group`'s row gone when no waiting attempt is left. Both in
+/// one statement, so the second cannot see the first's changes: it counts what the first
+/// leaves waiting (the installer's own attempt is no longer waiting: the statement before
+/// this one recorded its install).
+const PG_RESOLVED: &str = "WITH resolved AS (UPDATE declarer_attempt SET status = 'resolved' \
+     WHERE group_name = $1 AND status = 'waiting' AND patterns = $2 AND declarer <> $3 \
+     RETURNING 1) \
+     DELETE FROM waiting_group WHERE group_name = $1 AND NOT EXISTS ( \
+     SELECT 1 FROM declarer_attempt a WHERE a.group_name = $1 AND a.status = 'waiting' \
+     AND NOT (a.patterns = $2 AND a.declarer <> $3))";
 
 /// The row a declaration event leaves in `declarer_attempt`.
 struct AttemptRow<'a> {
@@ -265,6 +287,11 @@ impl SqliteProjector for DeclarerAttempts {
                 ],
             )?;
         }
+        let group = row.attempt.group.as_str();
+        tx.prepare_cached(SQLITE_WAITING_GROUP_ADDED)?
+            .execute([group])?;
+        tx.prepare_cached(SQLITE_WAITING_GROUP_GONE)?
+            .execute([group])?;
         Ok(())
     }
 }
@@ -292,15 +319,25 @@ impl PgProjector for DeclarerAttempts {
             return Ok(());
         };
         let row = attempt_row(&declared);
-        sqlx::query(
-            "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
-             incumbent, declared_at, attempt_at, position) \
+        // A wait names its group in `waiting_group` in the statement that records it (when
+        // it is the declarer's newest attempt, which the upsert returns).
+        let named = if row.status == "waiting" {
+            "INSERT INTO waiting_group (group_name) SELECT group_name FROM recorded \
+             WHERE status = 'waiting' ON CONFLICT DO NOTHING"
+        } else {
+            "SELECT 1"
+        };
+        sqlx::query(&format!(
+            "WITH recorded AS (INSERT INTO declarer_attempt (group_name, declarer, status, \
+             version, patterns, incumbent, declared_at, attempt_at, position) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (group_name, declarer) DO UPDATE SET status = excluded.status, \
-             version = excluded.version, patterns = excluded.patterns, incumbent = excluded.incumbent, \
-             declared_at = excluded.declared_at, attempt_at = excluded.attempt_at, \
-             position = excluded.position WHERE excluded.position > declarer_attempt.position",
-        )
+             version = excluded.version, patterns = excluded.patterns, \
+             incumbent = excluded.incumbent, declared_at = excluded.declared_at, \
+             attempt_at = excluded.attempt_at, position = excluded.position \
+             WHERE excluded.position > declarer_attempt.position \
+             RETURNING group_name, status) {named}"
+        ))
         .bind(row.attempt.group.as_str())
         .bind(row.attempt.declarer.as_str())
         .bind(row.status)
@@ -313,15 +350,12 @@ impl PgProjector for DeclarerAttempts {
         .execute(&mut *conn)
         .await?;
         if row.status == "installed" {
-            sqlx::query(
-                "UPDATE declarer_attempt SET status = 'resolved' WHERE group_name = $1 \
-                 AND status = 'waiting' AND patterns = $2 AND declarer <> $3",
-            )
-            .bind(row.attempt.group.as_str())
-            .bind(row.attempt.patterns.patterns())
-            .bind(row.attempt.declarer.as_str())
-            .execute(conn)
-            .await?;
+            sqlx::query(PG_RESOLVED)
+                .bind(row.attempt.group.as_str())
+                .bind(row.attempt.patterns.patterns())
+                .bind(row.attempt.declarer.as_str())
+                .execute(conn)
+                .await?;
         }
         Ok(())
     }

@@ -57,7 +57,8 @@ struct AttemptRow {
 }
 
 /// The fold of `DeclarerAttempts`: each declarer's newest attempt per group; an install
-/// resolves the group's other waiters for the same set.
+/// resolves the group's other waiters for the same set. The groups left with a waiting
+/// attempt are `waiting_group`'s rows.
 #[derive(Default)]
 pub struct AttemptsFold {
     /// group -> declarer -> row.
@@ -117,6 +118,18 @@ impl AttemptsFold {
             });
         }
         Ok(())
+    }
+
+    /// The groups with a waiting attempt (`waiting_group`'s rows), in name order.
+    fn waiting_groups(&self) -> Vec<String> {
+        let mut groups: Vec<String> = self
+            .waiting
+            .iter()
+            .filter(|(_, declarers)| !declarers.is_empty())
+            .map(|(group, _)| group.clone())
+            .collect();
+        groups.sort_unstable();
+        groups
     }
 
     /// The rows in key order (group, declarer; by bytes, which the database's collation may
@@ -206,6 +219,10 @@ impl SqliteReplay for AttemptsFold {
     }
 
     fn write(self: Box<Self>, tx: &Transaction<'_>) -> Result<(), StoreError> {
+        let mut named = tx.prepare("INSERT INTO waiting_group (group_name) VALUES (?1)")?;
+        for group in self.waiting_groups() {
+            named.execute([group])?;
+        }
         let mut insert = tx.prepare(
             "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
              incumbent, declared_at, attempt_at, position) \
@@ -363,6 +380,13 @@ impl PgReplay for AttemptsFold {
         conn: &mut PgConnection,
         target: ReplayTarget,
     ) -> Result<(), StoreError> {
+        let mut named = CopyText::default();
+        for group in self.waiting_groups() {
+            named.field(&group);
+            named.end_row();
+        }
+        let waiting_group = target.table("waiting_group");
+        copy(conn, &format!("{waiting_group} (group_name)"), named).await?;
         let mut rows = CopyText::default();
         for (group, declarer, row) in self.into_rows() {
             rows.field(&group);

@@ -1,6 +1,6 @@
 //! The walks a page of the group listing takes through `effective_declaration` (ADR 0024,
-//! 0036, 0044): by name, by `(topic, group_name)`, or, for the page of waiting groups, a skip
-//! through the partial index of waiting attempts one group at a time.
+//! 0036, 0044, 0060): by name, by `(topic, group_name)`, or, for the page of waiting groups,
+//! along `waiting_group` (the groups with a waiting attempt, kept by the attempts' projector).
 //!
 //! The statement text is public (through `rows::page_sql`) so the plan tests EXPLAIN exactly
 //! what runs. A page of waiting groups costs the groups with waiting attempts it passes on
@@ -14,14 +14,14 @@ pub(crate) const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e
 /// group name to start after, `2` the row count, `3` the topic when filtered.
 ///
 /// Without `waiting` it walks `effective_declaration` by name (by `(topic, group_name)` with a
-/// topic). With `waiting` it skips through the partial index of waiting attempts one group at
-/// a time (a recursive loose index scan: each step is one index descent to the next group
-/// name with a waiting attempt) and looks each such group up by key, with its first open
-/// waiter, so a page costs the groups with waiting attempts it passes, not their attempts
-/// (walking every waiting attempt read all 100k of a crash-looping group's, 0.9 s on
-/// Postgres) and not the groups without one (walking the groups by name and probing each,
-/// SQLite's former statement, passed ten groups per waiting one in the `listing` bench's
-/// fleet: 28 ms p99 at 10k groups).
+/// topic). With `waiting` it walks `waiting_group` by name, a contiguous range of its key like
+/// a plain page's, and looks each group up by key with its first open waiter (ADR 0060). So a
+/// page costs the groups with waiting attempts it passes, not their attempts (walking every
+/// waiting attempt read all 100k of a crash-looping group's, 0.9 s on Postgres), not the
+/// groups without one (probing every group passed ten per waiting one in the `listing`
+/// bench's fleet: 28 ms p99 at 10k groups on SQLite), and not an index descent per group to
+/// find the next one (the recursive skip through the waiting attempts of ADR 0044: three
+/// times a plain page's call on Postgres at 10k groups).
 pub fn page_sql(p: char, topic: bool, waiting: bool) -> String {
     page_sql_with(p, topic, waiting, &PageExtra::default())
 }
@@ -48,55 +48,38 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
     if waiting && p == '$' {
         // Each LATERAL subquery has a LIMIT, so none is flattened into a join (a hash join
         // over a scan of every group, or a bitmap of every waiting attempt of a group). The
-        // recursion yields group names in order and is evaluated only as far as the LIMIT
-        // pulls; the outer ORDER BY sorts the page, never the recursion. Each group is looked
-        // up as the first name from the one sought, then checked equal: only the primary key
-        // gives that order, where an equality on the name alone ties, in a plan made on empty
-        // tables, with a walk of the whole `(topic, group_name)` index (ADR 0058).
+        // walk of `waiting_group` yields names in order and stops where the LIMIT does; the
+        // outer ORDER BY sorts the page, never the walk. Each group is looked up as the first
+        // name from the one sought, then checked equal: only the primary key gives that
+        // order, where an equality on the name alone ties, in a plan made on empty tables,
+        // with a walk of the whole `(topic, group_name)` index (ADR 0058).
         let topic = topic.replace("e.topic", "g.topic");
-        let (first, step) = (next_waiting(&format!("{p}1")), next_waiting("w.name"));
+        let open = open_waiter("g.group_name", "g.patterns");
         return format!(
             "SELECT {EFFECTIVE_COLUMNS}{columns} FROM ( \
-               WITH RECURSIVE waiting(name) AS ( \
-                 {first} UNION ALL SELECT {step} \
-                 FROM waiting w WHERE w.name IS NOT NULL) \
-               SELECT g.* FROM waiting w CROSS JOIN LATERAL ( \
+               SELECT g.* FROM waiting_group w CROSS JOIN LATERAL ( \
                  SELECT g.* FROM ( \
-                   SELECT * FROM effective_declaration g WHERE g.group_name >= w.name \
-                   ORDER BY g.group_name LIMIT 1) g CROSS JOIN LATERAL ( \
-                   SELECT 1 FROM declarer_attempt a WHERE a.group_name = g.group_name \
-                   AND a.status = 'waiting' AND a.patterns <> g.patterns \
-                   ORDER BY a.declared_at, a.declarer LIMIT 1) open \
-                 WHERE g.group_name = w.name{topic} LIMIT 1) g \
-               LIMIT {p}2) e{joins} \
+                   SELECT * FROM effective_declaration g WHERE g.group_name >= w.group_name \
+                   ORDER BY g.group_name LIMIT 1) g CROSS JOIN LATERAL ({open}) open \
+                 WHERE g.group_name = w.group_name{topic} LIMIT 1) g \
+               WHERE w.group_name > {p}1 ORDER BY w.group_name LIMIT {p}2) e{joins} \
              ORDER BY e.group_name"
         );
     }
     if waiting {
-        // The same skip on SQLite. A recursive CTE joined to a table is materialized whole
-        // before the join (every waiting group after the cursor); as the only table of a
-        // subquery it runs as a co-routine that the LIMIT stops. So the skip and the open
-        // waiter's probe are the `IN` list's own subquery, and the page looks its groups up
-        // by key in the list's order (no sort). `NOT MATERIALIZED` keeps the recursion a
-        // co-routine: without it the bundled SQLite chose to materialize it whole, every
-        // waiting group after the cursor (tests/tests/waiting_page_steps.rs).
+        // The same walk on SQLite, as the `IN` list's own subquery: the page then looks its
+        // groups up by key in the list's order (no sort), and the LIMIT stops the walk.
         let topic = topic.replace("e.topic", "g.topic");
-        let (first, step) = (
-            next_waiting(&format!("{p}1")),
-            next_waiting("waiting_group.name"),
-        );
         return format!(
             "SELECT {EFFECTIVE_COLUMNS}{columns} FROM effective_declaration e{joins} \
              WHERE e.group_name IN ( \
-               WITH RECURSIVE waiting_group(name) AS NOT MATERIALIZED ( \
-                 SELECT {first} UNION ALL SELECT {step} \
-                 FROM waiting_group WHERE waiting_group.name IS NOT NULL) \
-               SELECT waiting_group.name FROM waiting_group WHERE EXISTS ( \
+               SELECT w.group_name FROM waiting_group w \
+               WHERE w.group_name > {p}1 AND EXISTS ( \
                  SELECT 1 FROM declarer_attempt a \
                  JOIN effective_declaration g ON g.group_name = a.group_name \
-                 WHERE a.group_name = waiting_group.name AND a.status = 'waiting' \
+                 WHERE a.group_name = w.group_name AND a.status = 'waiting' \
                  AND a.patterns <> g.patterns{topic}) \
-               LIMIT {p}2) \
+               ORDER BY w.group_name LIMIT {p}2) \
              ORDER BY e.group_name"
         );
     }
@@ -106,12 +89,13 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
     )
 }
 
-/// One step of the skip: the first group name after `after` with a waiting attempt, as a
-/// parenthesized scalar subquery (one descent of the partial index of waiting attempts).
-fn next_waiting(after: &str) -> String {
+/// The first open waiter of the group `group` names, whose effective set is `patterns`, as
+/// the body of a subquery: one descent of the partial index of waiting attempts. An attempt
+/// for the set already in effect is not open (its resolution may not be projected yet).
+fn open_waiter(group: &str, patterns: &str) -> String {
     format!(
-        "(SELECT a.group_name FROM declarer_attempt a \
-         WHERE a.status = 'waiting' AND a.group_name > {after} \
-         ORDER BY a.group_name LIMIT 1)"
+        "SELECT 1 FROM declarer_attempt a WHERE a.group_name = {group} \
+         AND a.status = 'waiting' AND a.patterns <> {patterns} \
+         ORDER BY a.declared_at, a.declarer LIMIT 1"
     )
 }

@@ -39,6 +39,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(8, "sqlite", "0008_group_snapshot.sql"),
     migration!(9, "sqlite", "0009_open_wait.sql"),
     migration!(10, "sqlite", "0010_group_snapshot_position.sql"),
+    migration!(11, "sqlite", "0011_waiting_group.sql"),
 ];
 
 /// The Postgres scripts.
@@ -65,6 +66,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(20, "postgres", "0020_expect_assumed.sql"),
     migration!(21, "postgres", "0021_claim_set_based.sql"),
     migration!(22, "postgres", "0022_listing_plans_once.sql"),
+    migration!(23, "postgres", "0023_waiting_group.sql"),
 ];
 
 /// The schema version this build needs.

@@ -306,29 +306,22 @@ pub async fn keep_live(store: &Store, group: &str, declarer: &str, patterns: &[&
 /// stored events imply and skips rows that exist. For ledgers written with SQL, and for the
 /// test that compares the backfill with what the appends left.
 pub async fn backfill_open_waits(store: &Store) {
+    rerun_migration(store, "open_wait").await;
+}
+
+/// Runs the migration whose file name contains `name` again, on its store's backend. Every
+/// migration can run twice (`IF NOT EXISTS`, conflicts skipped, functions replaced); a
+/// backfill adds the rows the store implies and skips those that exist.
+pub async fn rerun_migration(store: &Store, name: &str) {
     let scripts = match store {
         Store::Sqlite(_) => wharf::store::migrate::SQLITE,
         Store::Postgres(_) => wharf::store::migrate::POSTGRES,
     };
     let script = scripts
         .iter()
-        .find(|m| m.name.contains("open_wait"))
-        .expect("the migration that made open_wait");
-    match store {
-        Store::Sqlite(s) => s
-            .write(move |ctx| {
-                ctx.tx.execute_batch(script.sql)?;
-                Ok(())
-            })
-            .await
-            .expect("the backfill on SQLite"),
-        Store::Postgres(s) => {
-            sqlx::raw_sql(script.sql)
-                .execute(s.pool())
-                .await
-                .expect("the backfill on Postgres");
-        }
-    }
+        .find(|m| m.name.contains(name))
+        .unwrap_or_else(|| panic!("no migration named like {name:?}"));
+    execute_sql(store, script.sql).await;
 }
 
 /// Runs an async test body once per backend, each in its own `#[tokio::test]`.

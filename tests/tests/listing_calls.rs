@@ -11,7 +11,7 @@
 //!   statement's included).
 //! - SQLite's summary page is one statement per page, not statements per group: its virtual
 //!   machine steps stay within a bound per listed group, with a crash-looping group on the page
-//!   and every group waiting (a page of waiting groups whose skip were materialized whole
+//!   and every group waiting (a page of waiting groups whose walk were materialized whole
 //!   would step through all 2,000).
 
 use rusqlite::StatementStatus;
@@ -92,7 +92,7 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
 /// attempts (one group in a hundred waiting), a queue row and three deliveries; one
 /// crash-looping group with 20k waiting attempts; a ledger of 1M events, whose position index
 /// alone is over the bound (a head read as an aggregate over it rather than its last entry).
-const FILL: [&str; 9] = [
+const FILL: [&str; 10] = [
     "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
      previous, declared_at, attempt_at, position, installs) SELECT 'g' || lpad(i::text, 6, '0'), \
      't' || (i % 50), 'd', '1', ARRAY['a/#'], NULL, now(), now(), i, 1 \
@@ -106,6 +106,8 @@ const FILL: [&str; 9] = [
      declared_at, attempt_at, position) SELECT 'g005007', 'crash' || k, 'waiting', '1', \
      ARRAY['b/#'], ARRAY['a/#'], now() + k * interval '1 ms', now(), 1000000 + k \
      FROM generate_series(1, 20000) k",
+    "INSERT INTO waiting_group (group_name) \
+     SELECT DISTINCT group_name FROM declarer_attempt WHERE status = 'waiting'",
     "INSERT INTO worker_instance (group_name, declarer, topic, version, patterns, started_at, \
      heartbeat_at) SELECT 'g' || lpad(i::text, 6, '0'), 'i' || j, 't', '1', ARRAY['a/#'], now(), \
      now() FROM generate_series(1, 20000) i, generate_series(0, 2) j",
@@ -244,6 +246,8 @@ async fn sqlite_summary_page_is_one_statement_bounded_per_group() {
                  INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
                    incumbent, declared_at, attempt_at, position) \
                  SELECT group_name, 'w', 'waiting', '1', '[\"b/#\"]', '[\"a/#\"]', 0, 0, 0 \
+                 FROM effective_declaration; \
+                 INSERT INTO waiting_group (group_name) SELECT group_name \
                  FROM effective_declaration;",
             )?;
             let mut steps = Vec::new();

@@ -190,6 +190,42 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
         .await,
         "one statement on Postgres, one read transaction on SQLite",
     );
+    let waiting = GroupQuery {
+        waiting: true,
+        ..GroupQuery::default()
+    };
+    let waiting_names: Vec<GroupName> = read
+        .groups_page(&waiting)
+        .await
+        .expect("a page of waiting groups")
+        .groups
+        .iter()
+        .map(|g| GroupName::parse("group", &g.group).expect("a name"))
+        .collect();
+    row(
+        "now: summary page of waiting groups (`groups_page`)",
+        timed(runs, || async {
+            read.groups_page(&waiting)
+                .await
+                .expect("a page")
+                .groups
+                .len()
+        })
+        .await,
+        "the walk of `waiting_group` (ADR 0060)",
+    );
+    row(
+        "queue figures of that page (`group_stats_of`)",
+        timed(runs, || async {
+            queue
+                .group_stats_of(&waiting_names)
+                .await
+                .expect("stats")
+                .len()
+        })
+        .await,
+        "one statement",
+    );
     let one = names.first().expect("a group").clone();
     row(
         "now: one group (`group_members`)",
