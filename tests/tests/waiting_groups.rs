@@ -64,9 +64,8 @@ async fn waiting_page(wharf: &Wharf) -> Vec<String> {
     }
 }
 
-/// `waiting_group`'s rows, by name.
-async fn table(store: &Store) -> Vec<String> {
-    let sql = "SELECT group_name FROM waiting_group ORDER BY group_name";
+/// The group names `sql` reads (one text column).
+async fn names(store: &Store, sql: &'static str) -> Vec<String> {
     match store {
         Store::Sqlite(s) => s
             .read(move |conn| {
@@ -80,21 +79,16 @@ async fn table(store: &Store) -> Vec<String> {
     }
 }
 
+/// `waiting_group`'s rows, by name.
+async fn table(store: &Store) -> Vec<String> {
+    names(store, "SELECT group_name FROM waiting_group ORDER BY group_name").await
+}
+
 /// The groups with a waiting attempt, from `declarer_attempt` itself.
 async fn with_waiting_attempts(store: &Store) -> Vec<String> {
     let sql = "SELECT DISTINCT group_name FROM declarer_attempt WHERE status = 'waiting' \
                ORDER BY group_name";
-    match store {
-        Store::Sqlite(s) => s
-            .read(move |conn| {
-                let mut stmt = conn.prepare(sql)?;
-                let rows = stmt.query_map([], |row| row.get(0))?;
-                Ok(rows.collect::<Result<Vec<String>, _>>()?)
-            })
-            .await
-            .unwrap(),
-        Store::Postgres(s) => sqlx::query_scalar(sql).fetch_all(s.pool()).await.unwrap(),
-    }
+    names(store, sql).await
 }
 
 /// The page of waiting groups is `expected`, and so is the table (read after the page, which
