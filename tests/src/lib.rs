@@ -309,8 +309,8 @@ pub async fn backfill_open_waits(store: &Store) {
     rerun_migration(store, "open_wait").await;
 }
 
-/// Runs the migration whose file name contains `name` again, on its store's backend. Every
-/// migration can run twice (`IF NOT EXISTS`, conflicts skipped, functions replaced); a
+/// Runs the migration whose file name contains `name` again, on its store's backend: one
+/// written to run twice (`IF NOT EXISTS`, conflicts skipped, functions replaced), whose
 /// backfill adds the rows the store implies and skips those that exist.
 pub async fn rerun_migration(store: &Store, name: &str) {
     let scripts = match store {
