@@ -81,7 +81,11 @@ async fn names(store: &Store, sql: &'static str) -> Vec<String> {
 
 /// `waiting_group`'s rows, by name.
 async fn table(store: &Store) -> Vec<String> {
-    names(store, "SELECT group_name FROM waiting_group ORDER BY group_name").await
+    names(
+        store,
+        "SELECT group_name FROM waiting_group ORDER BY group_name",
+    )
+    .await
 }
 
 /// The groups with a waiting attempt, from `declarer_attempt` itself.
