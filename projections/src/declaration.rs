@@ -194,7 +194,8 @@ impl DeclarerAttempts {
     const TABLES: &'static [&'static str] = &["declarer_attempt", "waiting_group"];
 }
 
-/// SQLite: names `?1` in `waiting_group` exactly when it has a waiting attempt.
+/// SQLite, after a wait: names `?1` in `waiting_group` when it has a waiting attempt; after an
+/// install: drops it when it has none left.
 const SQLITE_WAITING_GROUP_ADDED: &str = "INSERT OR IGNORE INTO waiting_group (group_name) \
      SELECT ?1 WHERE EXISTS (SELECT 1 FROM declarer_attempt a \
      WHERE a.group_name = ?1 AND a.status = 'waiting')";
@@ -287,11 +288,13 @@ impl SqliteProjector for DeclarerAttempts {
                 ],
             )?;
         }
-        let group = row.attempt.group.as_str();
-        tx.prepare_cached(SQLITE_WAITING_GROUP_ADDED)?
-            .execute([group])?;
-        tx.prepare_cached(SQLITE_WAITING_GROUP_GONE)?
-            .execute([group])?;
+        // A wait can only add its group; an install (and the waits it resolved) only remove it.
+        let named = match row.status {
+            "waiting" => SQLITE_WAITING_GROUP_ADDED,
+            _ => SQLITE_WAITING_GROUP_GONE,
+        };
+        tx.prepare_cached(named)?
+            .execute([row.attempt.group.as_str()])?;
         Ok(())
     }
 }

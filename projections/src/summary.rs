@@ -162,8 +162,8 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 /// every path but an index's off (migration 0022, ADR 0058).
 ///
 /// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or along
-/// `waiting_group` for the waiting groups), joined to one row of the clock and the catch-up check, so an
-/// empty page still answers them. The waiters are counted by a walk of the partial index of
+/// `waiting_group` for the waiting groups), joined to one row of the clock and the catch-up
+/// check, so an empty page still answers them. The waiters are counted by a walk of the partial index of
 /// waiting attempts in key order: the `ORDER BY` is what keeps it an index scan that stops at
 /// the cap, where an unordered count under a `LIMIT` was planned as a bitmap of every entry
 /// (all 20k waiting attempts of a crash-looping group); the oldest waiter is the first row of

@@ -164,9 +164,10 @@ async fn listing_call_settings(conn: &mut sqlx::PgConnection, on: bool) {
         if name == "plan_cache_mode" || name == "search_path" {
             continue;
         }
-        let statement = match on {
-            true => format!("SET {name} = {value}"),
-            false => format!("RESET {name}"),
+        let statement = if on {
+            format!("SET {name} = {value}")
+        } else {
+            format!("RESET {name}")
         };
         sqlx::query(&statement).execute(&mut *conn).await.unwrap();
     }
@@ -238,18 +239,18 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     // A page by name or topic runs as it is (`pg_page`); the page of waiting groups and the
     // summary page run only inside `wharf_group_summaries`, under its settings (ADR 0058).
     for (topic, waiting) in [(false, false), (false, true), (true, false), (true, true)] {
-        let what = match topic {
-            false => format!("page waiting={waiting}"),
-            true => format!("page by topic waiting={waiting}"),
+        let what = if topic {
+            format!("page by topic waiting={waiting}")
+        } else {
+            format!("page waiting={waiting}")
         };
         let sql = page_sql('$', topic, waiting);
         listing_call_settings(&mut conn, waiting).await;
-        scanned.extend(match topic {
-            false => explain(&mut conn, &what, &sql, PAGE, args!["g005000", 101_i64]).await,
-            true => {
-                let args = args!["g005000", 101_i64, "t7"];
-                explain(&mut conn, &what, &sql, PAGE, args).await
-            }
+        scanned.extend(if topic {
+            let args = args!["g005000", 101_i64, "t7"];
+            explain(&mut conn, &what, &sql, PAGE, args).await
+        } else {
+            explain(&mut conn, &what, &sql, PAGE, args!["g005000", 101_i64]).await
         });
     }
     // The summary page (ADR 0038): one statement with the clock and the catch-up check, each
