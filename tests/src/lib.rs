@@ -311,17 +311,26 @@ pub async fn backfill_open_waits(store: &Store) {
 
 /// Runs the migration whose file name contains `name` again, on its store's backend: one
 /// written to run twice (`IF NOT EXISTS`, conflicts skipped, functions replaced), whose
-/// backfill adds the rows the store implies and skips those that exist.
+/// backfill adds the rows the store implies and skips those that exist. On Postgres every
+/// later migration runs again after it (each is written to run twice), so a function the
+/// named one replaces ends as the newest migration defines it, not as that older one did;
+/// SQLite keeps no functions (and some of its migrations add columns, which cannot run twice).
 pub async fn rerun_migration(store: &Store, name: &str) {
     let scripts = match store {
         Store::Sqlite(_) => wharf::store::migrate::SQLITE,
         Store::Postgres(_) => wharf::store::migrate::POSTGRES,
     };
-    let script = scripts
+    let at = scripts
         .iter()
-        .find(|m| m.name.contains(name))
+        .position(|m| m.name.contains(name))
         .unwrap_or_else(|| panic!("no migration named like {name:?}"));
-    execute_sql(store, script.sql).await;
+    let rerun = match store {
+        Store::Sqlite(_) => &scripts[at..=at],
+        Store::Postgres(_) => &scripts[at..],
+    };
+    for script in rerun {
+        execute_sql(store, script.sql).await;
+    }
 }
 
 /// Runs an async test body once per backend, each in its own `#[tokio::test]`.
