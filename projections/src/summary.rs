@@ -24,7 +24,7 @@ use crate::rows::{
     page_sql, sqlite_effective_row, sqlite_waiting_row, PageKeys, RawEffective, RawWaiter,
 };
 use crate::views::{EffectiveView, WaiterView};
-use crate::walks::{page_sql_with, PageExtra};
+use crate::walks::{oldest_waiter, page_sql_with, PageExtra};
 
 /// How far a summary counts a group's waiters and instances: beyond it, `more` is true.
 pub const COUNT_CAP: u32 = 100;
@@ -152,8 +152,6 @@ pub(crate) fn page(read: Snapshot<Vec<SummaryRow>>, limit: u32) -> SummaryPage {
     SummaryPage { groups, next_after }
 }
 
-const FETCH_CAP: u32 = COUNT_CAP + 1;
-
 /// The summary page on Postgres, one statement: `$1` the group name to start after, `$2` the
 /// row count, `$3` the topic (unused without a filter), `$4` whether only waiting groups are
 /// listed (unused here: it picks the form), `$5` the catch-up projector's name and `$6` the
@@ -163,19 +161,37 @@ const FETCH_CAP: u32 = COUNT_CAP + 1;
 ///
 /// The page itself is [`page_sql`]'s walk (by name, by `(topic, group_name)`, or along
 /// `waiting_group` for the waiting groups), joined to one row of the clock and the catch-up
-/// check, so an empty page still answers them. The waiters are counted by a walk of the partial index of
-/// waiting attempts in key order: the `ORDER BY` is what keeps it an index scan that stops at
-/// the cap, where an unordered count under a `LIMIT` was planned as a bitmap of every entry
-/// (all 20k waiting attempts of a crash-looping group); the oldest waiter is the first row of
-/// that walk (a window count over at most `COUNT_CAP + 1` rows). The instances are counted
-/// exactly, live and all in one aggregate over the group's `worker_instance` rows by key
-/// (its fleet and the rows not yet reaped, not its history; a `LIMIT` would not bound it:
-/// the planner reads them through a bitmap either way). The log's head is its last position
-/// (`ORDER BY position DESC LIMIT 1`), not `MAX(position)`, which a plan made on empty tables
-/// answers by aggregating the whole index (ADR 0058).
+/// check, so an empty page still answers them. The waiters are counted by a walk of the
+/// partial index of waiting attempts in key order (`walks::oldest_waiter`): the `ORDER BY` is
+/// what keeps it an index scan that stops at the cap, where an unordered count under a
+/// `LIMIT` was planned as a bitmap of every entry (all 20k waiting attempts of a crash-looping
+/// group); the oldest waiter is the first row of that walk (a window count over at most
+/// `COUNT_CAP + 1` rows). A page of waiting groups takes both from its own walk, where that
+/// walk also admits the group (ADR 0061); a plain page joins it to each row. The instances
+/// are counted exactly, live and all in one aggregate over the group's `worker_instance` rows
+/// by key (its fleet and the rows not yet reaped, not its history; a `LIMIT` would not bound
+/// it: the planner reads them through a bitmap either way). The log's head is its last
+/// position (`ORDER BY position DESC LIMIT 1`), not `MAX(position)`, which a plan made on
+/// empty tables answers by aggregating the whole index (ADR 0058).
 pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
     let page = page_sql('$', topic, waiting);
     let (projector, ttl) = ("$5", "$6");
+    let (waiters, oldest) = if waiting {
+        (
+            "COALESCE(p.waiters, 0), p.oldest_declarer, p.oldest_version, p.oldest_patterns, \
+             p.oldest_incumbent, p.oldest_declared_at, p.oldest_attempt_at",
+            String::new(),
+        )
+    } else {
+        (
+            "COALESCE(o.waiters, 0), o.declarer, o.version, o.patterns, o.incumbent, \
+             o.declared_at, o.attempt_at",
+            format!(
+                " LEFT JOIN LATERAL ({}) o ON true",
+                oldest_waiter("p.group_name", "p.patterns")
+            ),
+        )
+    };
     format!(
         "WITH meta AS (SELECT clock_timestamp() AS now, \
            COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
@@ -183,20 +199,11 @@ pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
              AS checkpoint) \
          SELECT m.now, m.head, m.checkpoint, p.group_name, p.topic, p.declarer, p.version, \
            p.patterns, p.previous, p.declared_at, p.attempt_at, p.position, p.installs, \
-           COALESCE(o.waiters, 0), \
-           o.declarer, o.version, o.patterns, o.incumbent, o.declared_at, o.attempt_at, \
-           COALESCE(c.instances, 0), COALESCE(c.live, 0) \
+           {waiters}, COALESCE(c.instances, 0), COALESCE(c.live, 0) \
          FROM meta m LEFT JOIN LATERAL ({page}) p ON true \
          LEFT JOIN LATERAL (SELECT COUNT(*) AS instances, COUNT(*) FILTER ( \
              WHERE i.heartbeat_at > m.now - {ttl}::bigint * interval '1 microsecond') AS live \
-           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true \
-         LEFT JOIN LATERAL (SELECT w.*, COUNT(*) OVER () AS waiters FROM ( \
-             SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, \
-               a.attempt_at FROM declarer_attempt a \
-             WHERE a.group_name = p.group_name AND a.status = 'waiting' \
-             AND a.patterns <> p.patterns ORDER BY a.declared_at, a.declarer \
-             LIMIT {FETCH_CAP}) w \
-           ORDER BY w.declared_at, w.declarer LIMIT 1) o ON true \
+           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true{oldest} \
          ORDER BY p.group_name"
     )
 }
@@ -388,6 +395,7 @@ impl RawSummary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::walks::WAITER_FETCH;
 
     #[test]
     fn a_count_stops_at_the_cap_and_says_more() {
@@ -416,12 +424,15 @@ mod tests {
 
     #[test]
     fn every_waiter_count_stops_one_past_the_cap() {
-        let cap = format!("LIMIT {FETCH_CAP})");
+        let cap = format!("LIMIT {WAITER_FETCH})");
         assert!(
             SQLITE_SUMMARY_COLUMNS.contains(&cap),
             "{SQLITE_SUMMARY_COLUMNS}"
         );
-        assert!(pg_summary_sql(false, false).contains(&format!("LIMIT {FETCH_CAP}) w")));
+        for (topic, waiting) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sql = pg_summary_sql(topic, waiting);
+            assert!(sql.contains(&format!("LIMIT {WAITER_FETCH}) w")), "{sql}");
+        }
     }
 
     #[test]

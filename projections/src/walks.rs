@@ -1,6 +1,7 @@
 //! The walks a page of the group listing takes through `effective_declaration` (ADR 0024,
-//! 0036, 0044, 0060): by name, by `(topic, group_name)`, or, for the page of waiting groups,
-//! along `waiting_group` (the groups with a waiting attempt, kept by the attempts' projector).
+//! 0036, 0044, 0060, 0061): by name, by `(topic, group_name)`, or, for the page of waiting
+//! groups, along `waiting_group` (the groups with a waiting attempt, kept by the attempts'
+//! projector); and the walk of a group's open waiters that counts them and finds the oldest.
 //!
 //! The statement text is public (through `rows::page_sql`) so the plan tests EXPLAIN exactly
 //! what runs. A page of waiting groups costs the groups with waiting attempts it passes on
@@ -15,7 +16,9 @@ pub(crate) const EFFECTIVE_COLUMNS: &str = "e.group_name, e.topic, e.declarer, e
 ///
 /// Without `waiting` it walks `effective_declaration` by name (by `(topic, group_name)` with a
 /// topic). With `waiting` it walks `waiting_group` by name, a contiguous range of its key like
-/// a plain page's, and looks each group up by key with its first open waiter (ADR 0060). So a
+/// a plain page's, and looks each group up by key with its first open waiter (ADR 0060); on
+/// Postgres that is `oldest_waiter`'s walk, whose count and oldest waiter are then columns
+/// of the row (`WAITER_COLUMNS`, ADR 0061). So a
 /// page costs the groups with waiting attempts it passes, not their attempts (walking every
 /// waiting attempt read all 100k of a crash-looping group's, 0.9 s on Postgres), not the
 /// groups without one (probing every group passed ten per waiting one in the `listing`
@@ -52,17 +55,24 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
         // outer ORDER BY sorts the page, never the walk. Each group is looked up as the first
         // name from the one sought, then checked equal: only the primary key gives that
         // order, where an equality on the name alone ties, in a plan made on empty tables,
-        // with a walk of the whole `(topic, group_name)` index (ADR 0058).
+        // with a walk of the whole `(topic, group_name)` index (ADR 0058). The group's walk
+        // of its open waiters both admits it (an inner join: no open waiter, no row) and
+        // answers its count and oldest waiter (ADR 0061).
         let topic = topic.replace("e.topic", "g.topic");
-        let open = open_waiter("g.group_name", "g.patterns");
+        let oldest = oldest_waiter("g.group_name", "g.patterns");
         return format!(
-            "SELECT {EFFECTIVE_COLUMNS}{columns} FROM ( \
-               SELECT g.* FROM waiting_group w CROSS JOIN LATERAL ( \
+            "SELECT {EFFECTIVE_COLUMNS}{WAITER_COLUMNS}{columns} FROM ( \
+               SELECT g.*, o.waiters, o.declarer AS oldest_declarer, \
+                 o.version AS oldest_version, o.patterns AS oldest_patterns, \
+                 o.incumbent AS oldest_incumbent, o.declared_at AS oldest_declared_at, \
+                 o.attempt_at AS oldest_attempt_at \
+               FROM waiting_group wg CROSS JOIN LATERAL ( \
                  SELECT g.* FROM ( \
-                   SELECT * FROM effective_declaration g WHERE g.group_name >= w.group_name \
-                   ORDER BY g.group_name LIMIT 1) g CROSS JOIN LATERAL ({open}) open \
-                 WHERE g.group_name = w.group_name{topic} LIMIT 1) g \
-               WHERE w.group_name > {p}1 ORDER BY w.group_name LIMIT {p}2) e{joins} \
+                   SELECT * FROM effective_declaration g WHERE g.group_name >= wg.group_name \
+                   ORDER BY g.group_name LIMIT 1) g \
+                 WHERE g.group_name = wg.group_name{topic} LIMIT 1) g \
+               CROSS JOIN LATERAL ({oldest}) o \
+               WHERE wg.group_name > {p}1 ORDER BY wg.group_name LIMIT {p}2) e{joins} \
              ORDER BY e.group_name"
         );
     }
@@ -89,13 +99,29 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
     )
 }
 
-/// The first open waiter of the group `group` names, whose effective set is `patterns`, as
-/// the body of a subquery: one descent of the partial index of waiting attempts. An attempt
-/// for the set already in effect is not open (its resolution may not be projected yet).
-fn open_waiter(group: &str, patterns: &str) -> String {
+/// How far a group's open waiters are counted: one past the listing's cap, so `more` can be
+/// told.
+pub(crate) const WAITER_FETCH: u32 = crate::summary::COUNT_CAP + 1;
+
+/// The columns a Postgres page of waiting groups adds to each effective row: the group's open
+/// waiters counted up to [`WAITER_FETCH`] and the oldest one's row.
+pub(crate) const WAITER_COLUMNS: &str = ", e.waiters, e.oldest_declarer, e.oldest_version, \
+     e.oldest_patterns, e.oldest_incumbent, e.oldest_declared_at, e.oldest_attempt_at";
+
+/// The oldest open waiter of the group `group` names, whose effective set is `patterns`, with
+/// the group's count of open waiters (up to [`WAITER_FETCH`]) beside it, as the body of a
+/// subquery: one walk of the partial index of waiting attempts in its key order, which stops
+/// at the cap (an unordered count under a `LIMIT` was planned as a bitmap of every entry). An
+/// attempt for the set already in effect is not open (its resolution may not be projected
+/// yet). No row when the group has no open waiter.
+pub(crate) fn oldest_waiter(group: &str, patterns: &str) -> String {
     format!(
-        "SELECT 1 FROM declarer_attempt a WHERE a.group_name = {group} \
-         AND a.status = 'waiting' AND a.patterns <> {patterns} \
-         ORDER BY a.declared_at, a.declarer LIMIT 1"
+        "SELECT w.*, COUNT(*) OVER () AS waiters FROM ( \
+           SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, \
+             a.attempt_at FROM declarer_attempt a \
+           WHERE a.group_name = {group} AND a.status = 'waiting' \
+           AND a.patterns <> {patterns} ORDER BY a.declared_at, a.declarer \
+           LIMIT {WAITER_FETCH}) w \
+         ORDER BY w.declared_at, w.declarer LIMIT 1"
     )
 }

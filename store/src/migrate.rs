@@ -67,6 +67,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(21, "postgres", "0021_claim_set_based.sql"),
     migration!(22, "postgres", "0022_listing_plans_once.sql"),
     migration!(23, "postgres", "0023_waiting_group.sql"),
+    migration!(24, "postgres", "0024_waiting_page_one_walk.sql"),
 ];
 
 /// The schema version this build needs.

@@ -327,9 +327,39 @@ async fn a_summary_counts_up_to_the_cap(backend: Backend) {
     assert_eq!(crowd["oldest_waiter"]["declarer"], "waiter:000", "{crowd}");
     assert_eq!(crowd["instances"], 1, "{crowd}");
     assert_eq!(crowd["live_instances"], 1, "{crowd}");
+    // The pages of waiting groups count and window the waiters in the walk that admits the
+    // group (ADR 0061): the same summary as the plain page's.
+    for filter in ["waiting=true", "waiting=true&topic=orders"] {
+        let page = server.ok(&format!("/api/v1/groups?{filter}")).await;
+        let listed = &page["groups"][0];
+        assert_eq!(listed["group"], "crowd", "{filter}: {page}");
+        for field in [
+            "effective",
+            "waiters",
+            "oldest_waiter",
+            "instances",
+            "live_instances",
+        ] {
+            assert_eq!(
+                timeless(&listed[field]),
+                timeless(&crowd[field]),
+                "{filter}: {field} of {listed}"
+            );
+        }
+    }
 
     let listed = member_walk(&server, "crowd", "waiters", 100).await;
     assert_eq!(listed, waiters, "the group's read pages every waiter");
+}
+
+/// `value` without the ages a read computes from its own clock.
+fn timeless(value: &Value) -> Value {
+    let mut value = value.clone();
+    if let Some(fields) = value.as_object_mut() {
+        fields.remove("silent_seconds");
+        fields.remove("waiting_seconds");
+    }
+    value
 }
 
 on_both_backends!(
