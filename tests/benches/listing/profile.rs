@@ -226,18 +226,67 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
         .await,
         "one statement",
     );
+    if let Store::Postgres(pg) = &store {
+        undecoded_calls(pg, &texts, runs).await;
+    }
     let one = names.first().expect("a group").clone();
     row(
         "now: one group (`group_members`)",
-        timed(runs, || async {
-            read.group_members(&one, &MemberQuery::default())
-                .await
-                .expect("a group")
-                .is_some()
-        })
-        .await,
+        one_group_timed(read, &one, runs).await,
         "one statement on Postgres, one read transaction on SQLite",
     );
+    // The longest group the bench made (`fleet`'s names), if any: a page of 100 waiters and of
+    // 100 instances.
+    let mut long = None;
+    for size in ["long-0100000", "long-0010000", "long-0001000"] {
+        let name = GroupName::parse("group", size).expect("a name");
+        let found = read.group_members(&name, &MemberQuery::default()).await;
+        if found.expect("a group").is_some() {
+            long = Some(name);
+            break;
+        }
+    }
+    if let Some(long) = long {
+        let view = read
+            .group_members(&long, &MemberQuery::default())
+            .await
+            .expect("a group")
+            .expect("declared");
+        let bytes = serde_json::to_vec(&view).expect("json").len();
+        row(
+            &format!("now: one group, {long} (`group_members`)"),
+            one_group_timed(read, &long, runs).await,
+            "its first 100 waiters and 100 instances",
+        );
+        if let Store::Postgres(pg) = &store {
+            row(
+                &format!("one group call, rows not decoded ({long})"),
+                timed(runs, || async {
+                    sqlx::query(wharf::projections::rows::PG_GROUP_CALL)
+                        .bind(long.as_str())
+                        .bind(None::<chrono::DateTime<chrono::Utc>>)
+                        .bind(None::<String>)
+                        .bind(101_i64)
+                        .bind("")
+                        .bind("declarer_attempts")
+                        .fetch_all(pg.pool())
+                        .await
+                        .expect("a group")
+                        .len()
+                })
+                .await,
+                "`wharf_group_view`, its JSON text not parsed",
+            );
+        }
+        row(
+            &format!("JSON encode: {long}'s view ({bytes} bytes)"),
+            timed(runs, || async {
+                serde_json::to_vec(&view).expect("json").len()
+            })
+            .await,
+            "serde_json, the view alone",
+        );
+    }
     // JSON: the page as it was answered (each group with a page of its members) and now.
     let mut views = Vec::new();
     for name in &names {
@@ -265,5 +314,56 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
         })
         .await,
         "serde_json, the summaries alone",
+    );
+}
+
+/// `group`'s view with its first page of members, read `runs` times through `ReadModel`.
+async fn one_group_timed(read: &ReadModel, group: &GroupName, runs: usize) -> (f64, f64) {
+    timed(runs, || async {
+        read.group_members(group, &MemberQuery::default())
+            .await
+            .expect("a group")
+            .is_some()
+    })
+    .await
+}
+
+/// The Postgres summary and figures calls of a plain page and of a page of waiting groups,
+/// their rows fetched but not decoded: against the rows above, what decoding costs the
+/// client; against the server's own time (`EXPLAIN ANALYZE`), what the wire does.
+async fn undecoded_calls(pg: &wharf::store::PgStore, plain_names: &[String], runs: usize) {
+    use wharf::projections::summary::PG_SUMMARIES_CALL;
+    for waiting in [false, true] {
+        row(
+            &format!("summary call, rows not decoded (waiting={waiting})"),
+            timed(runs, || async {
+                sqlx::query(PG_SUMMARIES_CALL)
+                    .bind("")
+                    .bind(101_i64)
+                    .bind(None::<String>)
+                    .bind(waiting)
+                    .bind("declarer_attempts")
+                    .bind(30_000_000_i64)
+                    .fetch_all(pg.pool())
+                    .await
+                    .expect("summaries")
+                    .len()
+            })
+            .await,
+            "`wharf_group_summaries`, the rows as sqlx returns them",
+        );
+    }
+    row(
+        "figures call, rows not decoded (plain page)",
+        timed(runs, || async {
+            sqlx::query("SELECT * FROM wharf_group_figures($1)")
+                .bind(plain_names)
+                .fetch_all(pg.pool())
+                .await
+                .expect("figures")
+                .len()
+        })
+        .await,
+        "`wharf_group_figures`, the rows as sqlx returns them",
     );
 }
