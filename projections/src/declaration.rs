@@ -203,6 +203,37 @@ const SQLITE_WAITING_GROUP_GONE: &str = "DELETE FROM waiting_group WHERE group_n
      AND NOT EXISTS (SELECT 1 FROM declarer_attempt a \
      WHERE a.group_name = ?1 AND a.status = 'waiting')";
 
+/// Postgres: `declarer_attempt`'s upsert of a declarer's attempt (`$1` group, `$2` declarer,
+/// `$3` status, `$4` version, `$5` set, `$6` incumbent set, `$7` and `$8` its times, `$9` the
+/// event's position), kept only when newer than the row's, followed by `$tail`.
+macro_rules! pg_record_attempt {
+    ($tail:literal) => {
+        concat!(
+            "INSERT INTO declarer_attempt (group_name, declarer, status, version, patterns, \
+             incumbent, declared_at, attempt_at, position) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (group_name, declarer) DO UPDATE SET status = excluded.status, \
+             version = excluded.version, patterns = excluded.patterns, \
+             incumbent = excluded.incumbent, declared_at = excluded.declared_at, \
+             attempt_at = excluded.attempt_at, position = excluded.position \
+             WHERE excluded.position > declarer_attempt.position",
+            $tail
+        )
+    };
+}
+
+/// Postgres: an attempt that is not a wait, recorded.
+const PG_RECORD: &str = pg_record_attempt!("");
+
+/// Postgres: a wait, recorded, and its group named in `waiting_group` in the same statement
+/// when the wait is the declarer's newest attempt (the upsert returns its row only then).
+const PG_RECORD_WAIT: &str = concat!(
+    "WITH recorded AS (",
+    pg_record_attempt!(" RETURNING group_name"),
+    ") INSERT INTO waiting_group (group_name) SELECT group_name FROM recorded \
+     ON CONFLICT DO NOTHING"
+);
+
 /// Postgres: an install's resolution of the other waiters for its set (`$1` group, `$2` set,
 /// `$3` installer), and `waiting_group`'s row gone when no waiting attempt is left. Both in
 /// one statement, so the second cannot see the first's changes: it counts what the first
@@ -322,36 +353,23 @@ impl PgProjector for DeclarerAttempts {
             return Ok(());
         };
         let row = attempt_row(&declared);
-        // A wait names its group in `waiting_group` in the statement that records it (when
-        // it is the declarer's newest attempt, which the upsert returns).
-        let named = if row.status == "waiting" {
-            "INSERT INTO waiting_group (group_name) SELECT group_name FROM recorded \
-             WHERE status = 'waiting' ON CONFLICT DO NOTHING"
+        let record = if row.status == "waiting" {
+            PG_RECORD_WAIT
         } else {
-            "SELECT 1"
+            PG_RECORD
         };
-        sqlx::query(&format!(
-            "WITH recorded AS (INSERT INTO declarer_attempt (group_name, declarer, status, \
-             version, patterns, incumbent, declared_at, attempt_at, position) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (group_name, declarer) DO UPDATE SET status = excluded.status, \
-             version = excluded.version, patterns = excluded.patterns, \
-             incumbent = excluded.incumbent, declared_at = excluded.declared_at, \
-             attempt_at = excluded.attempt_at, position = excluded.position \
-             WHERE excluded.position > declarer_attempt.position \
-             RETURNING group_name, status) {named}"
-        ))
-        .bind(row.attempt.group.as_str())
-        .bind(row.attempt.declarer.as_str())
-        .bind(row.status)
-        .bind(row.attempt.version.as_str())
-        .bind(row.attempt.patterns.patterns())
-        .bind(row.incumbent.map(BindingSet::patterns))
-        .bind(row.attempt.declared_at)
-        .bind(row.attempt.attempt_at)
-        .bind(event.position)
-        .execute(&mut *conn)
-        .await?;
+        sqlx::query(record)
+            .bind(row.attempt.group.as_str())
+            .bind(row.attempt.declarer.as_str())
+            .bind(row.status)
+            .bind(row.attempt.version.as_str())
+            .bind(row.attempt.patterns.patterns())
+            .bind(row.incumbent.map(BindingSet::patterns))
+            .bind(row.attempt.declared_at)
+            .bind(row.attempt.attempt_at)
+            .bind(event.position)
+            .execute(&mut *conn)
+            .await?;
         if row.status == "installed" {
             sqlx::query(PG_RESOLVED)
                 .bind(row.attempt.group.as_str())

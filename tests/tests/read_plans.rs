@@ -39,10 +39,10 @@ const KEYED: i64 = 100;
 /// bitmap when the statistics are stale).
 const PAGE: i64 = 1_000;
 /// What a summary page of 101 groups may touch (ADR 0038): the page's own walk (for the
-/// waiting groups a lookup and an open-waiter probe per group) and per group two keyed probes,
-/// its waiters' walk (at most 101) and its instances, heap fetches included (nothing is
-/// vacuumed here): about 720 by name and 1,730 of waiting groups measured with the skip of
-/// ADR 0044; see ADR 0060 for the walk of `waiting_group`.
+/// waiting groups a lookup per group, whose walk of its waiters admits it: ADR 0060, 0061)
+/// and per group two keyed probes, its waiters' walk (at most 101) and its instances, heap
+/// fetches included (nothing is vacuumed here): about 720 by name and 1,730 of waiting groups
+/// measured with the skip of ADR 0044, less since.
 const SUMMARY_PAGE: i64 = 2_500;
 
 /// Every sequential scan of a watched table in a plan tree, and the root's buffers.

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use wharf::domain::GroupName;
 use wharf::projections::rows::{page_sql, PG_INSTANCES, PG_WAITERS};
-use wharf::projections::{GroupQuery, MemberQuery, ReadModel};
+use wharf::projections::{DeclarerAttempts, GroupQuery, MemberQuery, ReadModel};
 use wharf::queue::{Queue, QueueSettings};
 use wharf::store::Store;
 
@@ -241,17 +241,12 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
     for size in ["long-0100000", "long-0010000", "long-0001000"] {
         let name = GroupName::parse("group", size).expect("a name");
         let found = read.group_members(&name, &MemberQuery::default()).await;
-        if found.expect("a group").is_some() {
-            long = Some(name);
+        if let Some(view) = found.expect("a group") {
+            long = Some((name, view));
             break;
         }
     }
-    if let Some(long) = long {
-        let view = read
-            .group_members(&long, &MemberQuery::default())
-            .await
-            .expect("a group")
-            .expect("declared");
+    if let Some((long, view)) = long {
         let bytes = serde_json::to_vec(&view).expect("json").len();
         row(
             &format!("now: one group, {long} (`group_members`)"),
@@ -268,7 +263,7 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
                         .bind(None::<String>)
                         .bind(101_i64)
                         .bind("")
-                        .bind("declarer_attempts")
+                        .bind(DeclarerAttempts::NAME)
                         .fetch_all(pg.pool())
                         .await
                         .expect("a group")
@@ -342,7 +337,7 @@ async fn undecoded_calls(pg: &wharf::store::PgStore, plain_names: &[String], run
                     .bind(101_i64)
                     .bind(None::<String>)
                     .bind(waiting)
-                    .bind("declarer_attempts")
+                    .bind(DeclarerAttempts::NAME)
                     .bind(30_000_000_i64)
                     .fetch_all(pg.pool())
                     .await
