@@ -68,6 +68,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(22, "postgres", "0022_listing_plans_once.sql"),
     migration!(23, "postgres", "0023_waiting_group.sql"),
     migration!(24, "postgres", "0024_waiting_page_one_walk.sql"),
+    migration!(25, "postgres", "0025_key_columns_byte_order.sql"),
 ];
 
 /// The schema version this build needs.
