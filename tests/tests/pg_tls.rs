@@ -30,22 +30,29 @@ fn config_with(ts: &TestStore, param: &str) -> Config {
     config
 }
 
+/// Whether a Wharf opened on a fresh test store with `param` in its URL talks TLS.
+async fn opens_encrypted(param: &str) -> bool {
+    let ts = TestStore::new(Backend::Postgres).await;
+    let wharf = Wharf::open(&config_with(&ts, param))
+        .await
+        .unwrap_or_else(|e| panic!("opens with {param}: {e}"));
+    session_is_tls(&wharf).await
+}
+
 #[tokio::test]
 async fn sslmode_require_encrypts_the_connection() {
-    let ts = TestStore::new(Backend::Postgres).await;
-    let wharf = Wharf::open(&config_with(&ts, "sslmode=require"))
-        .await
-        .expect("opens over TLS");
-    assert!(session_is_tls(&wharf).await, "the session is encrypted");
+    assert!(
+        opens_encrypted("sslmode=require").await,
+        "the session is encrypted"
+    );
 }
 
 #[tokio::test]
 async fn sslmode_disable_connects_in_plain_text() {
-    let ts = TestStore::new(Backend::Postgres).await;
-    let wharf = Wharf::open(&config_with(&ts, "sslmode=disable"))
-        .await
-        .expect("opens");
-    assert!(!session_is_tls(&wharf).await, "the session is plain text");
+    assert!(
+        !opens_encrypted("sslmode=disable").await,
+        "the session is plain text"
+    );
 }
 
 #[tokio::test]
