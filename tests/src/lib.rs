@@ -30,9 +30,13 @@ pub fn pg_url() -> String {
 /// [`pg_url`] with its sessions named `application_name` (as `pg_stat_activity` shows them), so
 /// a test can find or end exactly the sessions of one store handle or process.
 pub fn pg_url_named(application_name: &str) -> String {
-    let url = pg_url();
+    with_url_param(&pg_url(), &format!("application_name={application_name}"))
+}
+
+/// `url` with `param` (`key=value`, already encoded) added to its query string.
+pub fn with_url_param(url: &str, param: &str) -> String {
     let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}application_name={application_name}")
+    format!("{url}{separator}{param}")
 }
 
 /// Which backend a test runs on.

@@ -105,15 +105,8 @@ async fn every_connection_runs_without_jit_and_keeps_the_url_s_own_options() {
             .await
             .expect("pg_settings");
     let mut config = ts.config();
-    let separator = if config.store.url.contains('?') {
-        '&'
-    } else {
-        '?'
-    };
-    config.store.url = format!(
-        "{}{separator}options=-c%20statement_timeout%3D4321",
-        config.store.url
-    );
+    config.store.url =
+        wharf_tests::with_url_param(&config.store.url, "options=-c%20statement_timeout%3D4321");
     let wharf = wharf::Wharf::open(&config).await.expect("open");
     assert_eq!(
         setting(wharf.store(), "jit").await,

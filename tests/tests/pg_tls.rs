@@ -6,27 +6,31 @@
 
 use wharf::store::Store;
 use wharf::{Config, Wharf};
-use wharf_tests::{Backend, TestStore};
+use wharf_tests::{with_url_param, Backend, TestStore};
 
-/// The test store's URL with `param` added to its query.
-fn with_param(url: &str, param: &str) -> String {
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}{param}")
+/// One text value a statement returns on one of `store`'s connections.
+async fn ask(store: &Store, statement: &str) -> String {
+    let Store::Postgres(pg) = store else {
+        panic!("a Postgres store")
+    };
+    sqlx::query_scalar(statement)
+        .fetch_one(pg.pool())
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"))
 }
 
 async fn session_is_tls(wharf: &Wharf) -> bool {
-    let Store::Postgres(pg) = wharf.store() else {
-        panic!("a Postgres store")
-    };
-    sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
-        .fetch_one(pg.pool())
-        .await
-        .expect("pg_stat_ssl answers")
+    ask(
+        wharf.store(),
+        "SELECT ssl::text FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+    )
+    .await
+        == "true"
 }
 
 fn config_with(ts: &TestStore, param: &str) -> Config {
     let mut config = ts.config();
-    config.store.url = with_param(&config.store.url, param);
+    config.store.url = with_url_param(&config.store.url, param);
     config
 }
 
@@ -68,27 +72,11 @@ async fn sslmode_verify_full_refuses_an_untrusted_certificate() {
     );
 }
 
-/// The path of the certificate the server presents, as the server reports it.
-async fn server_certificate(wharf: &Wharf) -> String {
-    let Store::Postgres(pg) = wharf.store() else {
-        panic!("a Postgres store")
-    };
-    let path: String = sqlx::query_scalar("SHOW ssl_cert_file")
-        .fetch_one(pg.pool())
-        .await
-        .expect("the server names its certificate");
-    std::path::Path::new(&path)
-        .canonicalize()
-        .unwrap_or_else(|e| panic!("the server's certificate {path:?} is readable here: {e}"))
-        .display()
-        .to_string()
-}
-
 #[tokio::test]
 async fn sslmode_verify_full_trusts_the_root_the_url_names() {
     let ts = TestStore::new(Backend::Postgres).await;
-    let plain = Wharf::open(&ts.config()).await.expect("opens");
-    let root = server_certificate(&plain).await;
+    // The certificate the server presents, as the server names it.
+    let root = ask(&ts.store, "SHOW ssl_cert_file").await;
     // The server's self-signed certificate is issued to `localhost`: verify-full checks the
     // name the URL dials against it.
     let mut config = ts.config();
@@ -97,7 +85,7 @@ async fn sslmode_verify_full_trusts_the_root_the_url_names() {
         "this test needs the server on this host: {}",
         config.store.url
     );
-    config.store.url = with_param(
+    config.store.url = with_url_param(
         &config.store.url.replacen("127.0.0.1", "localhost", 1),
         &format!("sslmode=verify-full&sslrootcert={root}"),
     );
