@@ -1,8 +1,9 @@
 //! The declaration projectors.
 //!
-//! - [`EffectiveBindings`] (inline): the effective binding rows and the group's effective
-//!   declaration. Runs inside the install/swap transaction, so the binding rows change in the
-//!   same commit as the ledger and a reader sees exactly one declared set.
+//! - [`EffectiveBindings`] (inline): the group's effective declaration, whose `patterns` are
+//!   the binding set that routes and claims read (`binding` is a view that unnests them, ADR
+//!   0064). Runs inside the install/swap transaction, so the set changes in the same commit as
+//!   the ledger and a reader sees exactly one declared set.
 //! - [`DeclarerAttempts`] (catch-up): each declarer's newest attempt per group, from which the
 //!   listing derives open waiters. An install also marks every other waiter for the same set
 //!   `resolved`, mirroring the aggregate: those declarers join without appending anything.
@@ -33,13 +34,14 @@ fn json_patterns(set: &BindingSet) -> String {
     serde_json::Value::from(set.patterns()).to_string()
 }
 
-/// Inline projector of the effective binding rows (`binding`) and `effective_declaration`.
+/// Inline projector of `effective_declaration`, each group's installed set (the `binding` view
+/// unnests its patterns).
 pub struct EffectiveBindings;
 
 impl EffectiveBindings {
     /// The projector's name.
     pub const NAME: &'static str = "effective_bindings";
-    const TABLES: &'static [&'static str] = &["binding", "effective_declaration"];
+    const TABLES: &'static [&'static str] = &["effective_declaration"];
 }
 
 impl SqliteProjector for EffectiveBindings {
@@ -61,13 +63,6 @@ impl SqliteProjector for EffectiveBindings {
             return Ok(());
         };
         let group = attempt.group.as_str();
-        tx.prepare_cached("DELETE FROM binding WHERE group_name = ?1")?
-            .execute([group])?;
-        let mut insert =
-            tx.prepare_cached("INSERT INTO binding (group_name, pattern) VALUES (?1, ?2)")?;
-        for pattern in attempt.patterns.filters() {
-            insert.execute(params![group, pattern.as_str()])?;
-        }
         tx.prepare_cached(
             "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
              previous, declared_at, attempt_at, position, installs) \
@@ -94,10 +89,9 @@ impl SqliteProjector for EffectiveBindings {
 }
 
 impl EffectiveBindings {
-    /// The rows an install leaves, as CTEs of `statement`: drop the binding rows not in the new
-    /// set, add the new ones, record the effective declaration (`position` is the SQL of the
-    /// event's position). The two binding CTEs touch disjoint rows. Readers see all of it at
-    /// commit, or none of it. False for events that change nothing here.
+    /// The row an install leaves, as a CTE of `statement`: the group's effective declaration,
+    /// its patterns included (`position` is the SQL of the event's position). Readers see it at
+    /// commit, or not at all. False for events that change nothing here.
     fn pg_rows(
         event: &EventRef<'_>,
         position: &str,
@@ -119,19 +113,6 @@ impl EffectiveBindings {
             statement.bind(attempt.attempt_at)?,
             position.to_owned(),
         ];
-        statement.cte(
-            "bindings_gone",
-            &format!(
-                "DELETE FROM binding WHERE group_name = {group} AND pattern <> ALL({patterns}::text[])"
-            ),
-        );
-        statement.cte(
-            "bindings_added",
-            &format!(
-                "INSERT INTO binding (group_name, pattern) SELECT {group}, unnest({patterns}::text[]) \
-                 ON CONFLICT DO NOTHING"
-            ),
-        );
         statement.cte(
             "effective_upserted",
             &format!(

@@ -146,7 +146,7 @@ impl AttemptsFold {
 }
 
 // ---------------------------------------------------------------------------------------------
-// binding, effective_declaration
+// effective_declaration (the `binding` view unnests its patterns)
 // ---------------------------------------------------------------------------------------------
 
 /// One `effective_declaration` row (its binding rows are its `patterns`).
@@ -171,7 +171,7 @@ pub struct EffectiveFold {
 
 impl EffectiveFold {
     /// The groups' rows in key order (see [`AttemptsFold::into_rows`]); a row's patterns are
-    /// already sorted (a normalized set), so its binding rows are too.
+    /// already sorted (a normalized set).
     fn into_rows(self) -> Vec<(String, EffectiveRow)> {
         let mut groups: Vec<_> = self.groups.into_iter().collect();
         groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -251,17 +251,12 @@ impl SqliteReplay for EffectiveFold {
     }
 
     fn write(self: Box<Self>, tx: &Transaction<'_>) -> Result<(), StoreError> {
-        let mut binding =
-            tx.prepare("INSERT INTO binding (group_name, pattern) VALUES (?1, ?2)")?;
         let mut effective = tx.prepare(
             "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
              previous, declared_at, attempt_at, position, installs) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?;
         for (group, row) in self.into_rows() {
-            for pattern in &row.patterns {
-                binding.execute(params![group, pattern])?;
-            }
             effective.execute(params![
                 group,
                 row.topic,
@@ -427,14 +422,8 @@ impl PgReplay for EffectiveFold {
         conn: &mut PgConnection,
         target: ReplayTarget,
     ) -> Result<(), StoreError> {
-        let mut bindings = CopyText::default();
         let mut effective = CopyText::default();
         for (group, row) in self.into_rows() {
-            for pattern in &row.patterns {
-                bindings.field(&group);
-                bindings.field(pattern);
-                bindings.end_row();
-            }
             effective.field(&group);
             effective.field(&row.topic);
             effective.field(&row.declarer);
@@ -450,8 +439,6 @@ impl PgReplay for EffectiveFold {
             effective.field(&row.installs.to_string());
             effective.end_row();
         }
-        let binding = target.table("binding");
-        copy(conn, &format!("{binding} (group_name, pattern)"), bindings).await?;
         let table = target.table("effective_declaration");
         copy(
             conn,

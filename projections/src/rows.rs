@@ -275,7 +275,8 @@ pub(crate) async fn sqlite_is_declared(
         .await
 }
 
-/// The effective binding rows of a group (empty = whole topic).
+/// The effective binding rows of a group (empty = whole topic), from the `binding` view over its
+/// effective declaration's patterns (ADR 0064).
 pub(crate) async fn sqlite_bindings(
     store: &SqliteStore,
     group: String,
@@ -586,7 +587,8 @@ pub(crate) async fn pg_is_declared(store: &PgStore, group: String) -> Result<boo
     .await?)
 }
 
-/// The effective binding rows of a group (empty = whole topic).
+/// The effective binding rows of a group (empty = whole topic), from the `binding` view over its
+/// effective declaration's patterns (ADR 0064).
 pub(crate) async fn pg_bindings(store: &PgStore, group: String) -> Result<Vec<String>, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT pattern FROM binding WHERE group_name = $1 ORDER BY pattern")

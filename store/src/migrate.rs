@@ -2,9 +2,10 @@
 //!
 //! Each backend has its own numbered scripts; `wharf_schema_migrations` records which ran.
 //! Migrations are additive so that a rolled-back build keeps working on a newer schema
-//! (ADR 0017): a build reads and consumes on a schema newer than it knows, unless the newer
-//! build recorded in `wharf_schema_compat.readers_from` that older builds must not; it never
-//! migrates, prunes or rebuilds on one.
+//! (ADR 0017), or, where they replace a table, leave a view that takes the older builds' reads
+//! and writes of it (ADR 0064): a build reads and consumes on a schema newer than it knows,
+//! unless the newer build recorded in `wharf_schema_compat.readers_from` that older builds must
+//! not; it never migrates, prunes or rebuilds on one.
 
 /// One embedded migration script.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +41,7 @@ pub const SQLITE: &[Migration] = &[
     migration!(9, "sqlite", "0009_open_wait.sql"),
     migration!(10, "sqlite", "0010_group_snapshot_position.sql"),
     migration!(11, "sqlite", "0011_waiting_group.sql"),
+    migration!(12, "sqlite", "0012_binding_rows_as_view.sql"),
 ];
 
 /// The Postgres scripts.
@@ -69,6 +71,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(23, "postgres", "0023_waiting_group.sql"),
     migration!(24, "postgres", "0024_waiting_page_one_walk.sql"),
     migration!(25, "postgres", "0025_key_columns_byte_order.sql"),
+    migration!(26, "postgres", "0026_binding_rows_as_view.sql"),
 ];
 
 /// The schema version this build needs.

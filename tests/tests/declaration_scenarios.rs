@@ -400,20 +400,17 @@ async fn wipe_group_ledger(store: &TestStore) {
     match &store.store {
         wharf::store::Store::Sqlite(s) => s
             .write(|ctx| {
-                ctx.tx.execute_batch(
-                    "DELETE FROM events; DELETE FROM binding; DELETE FROM effective_declaration;",
-                )?;
+                ctx.tx
+                    .execute_batch("DELETE FROM events; DELETE FROM effective_declaration;")?;
                 Ok(())
             })
             .await
             .unwrap(),
         wharf::store::Store::Postgres(s) => {
-            sqlx::raw_sql(
-                "DELETE FROM events; DELETE FROM binding; DELETE FROM effective_declaration;",
-            )
-            .execute(s.pool())
-            .await
-            .unwrap();
+            sqlx::raw_sql("DELETE FROM events; DELETE FROM effective_declaration;")
+                .execute(s.pool())
+                .await
+                .unwrap();
         }
     }
 }
