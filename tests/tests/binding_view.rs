@@ -8,6 +8,7 @@
 //!   `effective_declaration`, which that release wrote in the same transaction, are the truth.
 //! - A read of a group's binding rows follows every install, by either release.
 
+use sqlx::PgConnection;
 use wharf::domain::{DeclarerId, GroupName, RegisterOutcome};
 use wharf::store::migrate::{self, Migration};
 use wharf::store::Store;
@@ -40,24 +41,29 @@ async fn previous_release_install(store: &Store, group: &str, patterns: &[&str],
             .expect("the previous release's binding writes on SQLite");
         }
         Store::Postgres(s) => {
-            // Its two binding parts, fused into the statement that appended the event.
             let mut tx = s.pool().begin().await.unwrap();
-            sqlx::query(
-                "WITH bindings_gone AS (DELETE FROM binding \
-                 WHERE group_name = $1 AND pattern <> ALL($2::text[])), \
-                 bindings_added AS (INSERT INTO binding (group_name, pattern) \
-                 SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING) \
-                 SELECT 1",
-            )
-            .bind(&group)
-            .bind(&patterns)
-            .execute(&mut *tx)
-            .await
-            .expect("the previous release's binding writes on Postgres");
+            previous_release_pg_writes(&mut tx, &group, &patterns).await;
             sqlx::raw_sql(then).execute(&mut *tx).await.unwrap();
             tx.commit().await.unwrap();
         }
     }
+}
+
+/// The previous release's two binding parts on Postgres, fused into the statement that
+/// appended the event (here alone), prepared and kept on `conn` as sqlx keeps statements.
+async fn previous_release_pg_writes(conn: &mut PgConnection, group: &str, patterns: &[String]) {
+    sqlx::query(
+        "WITH bindings_gone AS (DELETE FROM binding \
+         WHERE group_name = $1 AND pattern <> ALL($2::text[])), \
+         bindings_added AS (INSERT INTO binding (group_name, pattern) \
+         SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING) \
+         SELECT 1",
+    )
+    .bind(group)
+    .bind(patterns)
+    .execute(conn)
+    .await
+    .expect("the previous release's binding writes on Postgres");
 }
 
 /// Every binding row, as `group pattern`, in order.
@@ -190,6 +196,42 @@ on_both_backends!(
     an_upgrade_keeps_every_groups_binding_rows,
     an_upgrade_keeps_every_groups_binding_rows
 );
+
+/// A connection of an older process that prepared its install statement while `binding` was a
+/// table: after the migration its next install replans that statement against the view.
+#[tokio::test]
+async fn a_statement_prepared_on_the_table_runs_on_the_view() {
+    let test = TestStore::unmigrated(Backend::Postgres).await;
+    let store = &test.store;
+    let Store::Postgres(pg) = store else {
+        unreachable!("a Postgres test store")
+    };
+    migrate_as_the_previous_release(store).await;
+    execute_sql(store, &effective_row(store, "billing", &["orders/#"])).await;
+    let mut older = pg.pool().acquire().await.unwrap();
+    let set = |p: &str| vec![p.to_owned()];
+    previous_release_pg_writes(&mut older, "billing", &set("orders/#")).await;
+    let prepared: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_prepared_statements \
+         WHERE statement LIKE '%bindings_added%' AND statement NOT LIKE '%pg_prepared%'",
+    )
+    .fetch_one(&mut *older)
+    .await
+    .unwrap();
+    assert_eq!(
+        prepared, 1,
+        "the older process keeps its statement prepared"
+    );
+
+    store.migrate().await.unwrap();
+    assert_eq!(binding_kind(store).await, "view");
+    previous_release_pg_writes(&mut older, "billing", &set("orders/eu/#")).await;
+    assert_eq!(
+        binding_rows(store).await,
+        ["billing orders/#"],
+        "the write was absorbed; the view shows the effective declaration"
+    );
+}
 
 /// Installs `patterns` for `billing` as `declarer` (nobody heartbeats, so it installs).
 async fn install(wharf: &Wharf, declarer: &str, patterns: &[&str]) {
