@@ -100,14 +100,12 @@ impl EffectiveBindings {
         let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event)? else {
             return Ok(false);
         };
-        let group = statement.bind(attempt.group.as_str())?;
-        let patterns = statement.bind(attempt.patterns.patterns())?;
         let values = [
-            group.clone(),
+            statement.bind(attempt.group.as_str())?,
             statement.bind(attempt.topic.as_str())?,
             statement.bind(attempt.declarer.as_str())?,
             statement.bind(attempt.version.as_str())?,
-            patterns.clone(),
+            statement.bind(attempt.patterns.patterns())?,
             statement.bind(previous.as_ref().map(BindingSet::patterns))?,
             statement.bind(attempt.declared_at)?,
             statement.bind(attempt.attempt_at)?,

@@ -1,8 +1,9 @@
 //! Wharf's read side: projections of the ledger and the queries that serve them.
 //!
 //! - Inline projectors (run in the append transaction): [`EffectiveBindings`], each group's
-//!   effective declaration, whose patterns claims read (the `binding` view unnests them); [`OpenWaitRows`],
-//!   each group's open waits, which the register decision reads by key (ADR 0049);
+//!   effective declaration, whose patterns claims read (the `binding` view unnests them);
+//!   [`OpenWaitRows`], each group's open waits, which the register decision reads by key (ADR
+//!   0049);
 //!   [`ManagedSessions`], each durable MQTT session's exact managed-filter history;
 //!   [`SessionLeases`], each exclusive session's HA lease (read by the fencing guard).
 //! - Catch-up projectors (from a durable checkpoint): [`DeclarerAttempts`], the newest attempt
