@@ -123,18 +123,15 @@ async fn migrate_as_the_previous_release(store: &Store) {
         previous.len() + 1 == scripts(store).len(),
         "the view's migration is the newest"
     );
-    let applied_at = match store {
-        Store::Sqlite(_) => "0",
-        Store::Postgres(_) => "now()",
+    // The table as each store creates it (Postgres fills `applied_at` by default).
+    let (applied_at, applied_at_column) = match store {
+        Store::Sqlite(_) => ("0", "INTEGER NOT NULL"),
+        Store::Postgres(_) => ("now()", "TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()"),
     };
-    let mut sql = "CREATE TABLE wharf_schema_migrations (version BIGINT PRIMARY KEY, \
-                   name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());"
-        .to_owned();
-    if matches!(store, Store::Sqlite(_)) {
-        sql = "CREATE TABLE wharf_schema_migrations (version INTEGER PRIMARY KEY, \
-               name TEXT NOT NULL, applied_at INTEGER NOT NULL);"
-            .to_owned();
-    }
+    let mut sql = format!(
+        "CREATE TABLE wharf_schema_migrations (version BIGINT PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at {applied_at_column});"
+    );
     for script in previous {
         sql.push_str(script.sql);
         sql.push_str(&format!(
