@@ -125,12 +125,17 @@ impl Store {
         dispatch!(self, s => s.schema_version().await)
     }
 
+    /// This backend's migration scripts, oldest first.
+    pub fn migrations(&self) -> &'static [migrate::Migration] {
+        match self {
+            Store::Sqlite(_) => migrate::SQLITE,
+            Store::Postgres(_) => migrate::POSTGRES,
+        }
+    }
+
     /// The newest schema version this build knows.
     pub fn known_version(&self) -> i64 {
-        match self {
-            Store::Sqlite(_) => migrate::needed(migrate::SQLITE),
-            Store::Postgres(_) => migrate::needed(migrate::POSTGRES),
-        }
+        migrate::needed(self.migrations())
     }
 
     /// Fails with [`StoreError::NewerSchema`] when a newer build migrated the store: what

@@ -320,10 +320,7 @@ pub async fn backfill_open_waits(store: &Store) {
 /// named one replaces ends as the newest migration defines it, not as that older one did;
 /// SQLite keeps no functions (and some of its migrations add columns, which cannot run twice).
 pub async fn rerun_migration(store: &Store, name: &str) {
-    let scripts = match store {
-        Store::Sqlite(_) => wharf::store::migrate::SQLITE,
-        Store::Postgres(_) => wharf::store::migrate::POSTGRES,
-    };
+    let scripts = store.migrations();
     let at = scripts
         .iter()
         .position(|m| m.name.contains(name))

@@ -10,7 +10,7 @@
 
 use sqlx::PgConnection;
 use wharf::domain::{DeclarerId, GroupName, RegisterOutcome};
-use wharf::store::migrate::{self, Migration};
+use wharf::store::migrate::Migration;
 use wharf::store::Store;
 use wharf::{Registration, Wharf};
 use wharf_tests::{execute_sql, on_both_backends, Backend, TestStore};
@@ -105,22 +105,16 @@ async fn binding_kind(store: &Store) -> String {
     }
 }
 
-fn scripts(store: &Store) -> &'static [Migration] {
-    match store {
-        Store::Sqlite(_) => migrate::SQLITE,
-        Store::Postgres(_) => migrate::POSTGRES,
-    }
-}
-
 /// Migrates a fresh store as the previous release did: every script before the one that turns
 /// `binding` into a view, recorded as the store records them.
 async fn migrate_as_the_previous_release(store: &Store) {
-    let previous: Vec<&Migration> = scripts(store)
+    let previous: Vec<&Migration> = store
+        .migrations()
         .iter()
         .take_while(|m| !m.name.contains("binding_rows_as_view"))
         .collect();
     assert!(
-        previous.len() + 1 == scripts(store).len(),
+        previous.len() + 1 == store.migrations().len(),
         "the view's migration is the newest"
     );
     // The table as each store creates it (Postgres fills `applied_at` by default).

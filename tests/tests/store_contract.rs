@@ -1205,10 +1205,7 @@ async fn migrations_are_idempotent_and_checked(backend: Backend) {
         .expect("a migrated store passes the check");
 
     let fresh = TestStore::unmigrated(backend).await;
-    let scripts = match backend {
-        Backend::Sqlite => wharf::store::migrate::SQLITE,
-        Backend::Postgres => wharf::store::migrate::POSTGRES,
-    };
+    let scripts = fresh.store.migrations();
     match fresh.store.ensure_migrated().await {
         Err(StoreError::NotMigrated { found, needed }) => {
             assert_eq!(found, 0);
