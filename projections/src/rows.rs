@@ -5,8 +5,8 @@
 //! `(group_name, declared_at, declarer)`, instances from `worker_instance`'s key. The SQL
 //! constants are public so the plan tests EXPLAIN exactly what runs. On Postgres no plan whose
 //! shape came from a table while it was empty serves them (see
-//! `docs/adr/0024-paged-listing.md`): the one-group read runs inside `wharf_group_view` (ADR
-//! 0046), planned once per connection with every path but an index's off (ADR 0058); the
+//! `docs/adr/0024-paged-listing.md`): the one-group read runs inside `wharf_group_rows` (ADRs
+//! 0046, 0065), planned once per connection with every path but an index's off (ADR 0058); the
 //! others are unnamed statements, planned on every call with the values given.
 
 use chrono::{DateTime, Utc};
@@ -431,63 +431,83 @@ pub(crate) async fn pg_page(
 /// One group with a page of its waiters and of its instances, the store's clock and the
 /// catch-up check, as one statement: `$1` the group, `$2`, `$3` the waiter key (NULL: from
 /// the first), `$4` the count of each list, `$5` the instance key, `$6` the catch-up
-/// projector. A row always comes back (the clock and the check); its group columns are NULL
-/// when the group was never declared. Each list is built by the database as JSON text from
-/// its own keyed walk (the partial index of waiting attempts, `worker_instance`'s key), at
-/// most `$4` entries. The log's head is its last position and the group the first name from
-/// `$1`, checked equal: reads only a key's order answers, so the plan the function makes once
-/// per connection reads by key whatever the tables held then (ADR 0058).
-pub const PG_GROUP: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
+/// projector. Rows come back as [`GroupRowKind`] says: first the group's (always one: the
+/// clock and the check; its group columns NULL when the group was never declared), then a
+/// page of waiters from the partial index of waiting attempts, then a page of instances from
+/// `worker_instance`'s key, each at most `$4`, every value in its own column (ADR 0065). The
+/// log's head is its last position and the group the first name from `$1`, checked equal:
+/// reads only a key's order answers, so the plan the function makes once per connection reads
+/// by key whatever the tables held then (ADR 0058).
+pub const PG_GROUP_ROWS: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
        COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
        COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
-         AS checkpoint) \
-     SELECT m.now, m.head, m.checkpoint, e.group_name, e.topic, e.declarer, e.version, \
-       e.patterns, e.previous, e.declared_at, e.attempt_at, e.position, e.installs, \
-       (SELECT json_agg(w ORDER BY w.declared_at, w.declarer)::text FROM ( \
-          SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
-          FROM declarer_attempt a WHERE a.group_name = e.group_name \
-          AND a.status = 'waiting' AND a.patterns <> e.patterns \
-          AND (a.declared_at, a.declarer) > \
-              (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
-          ORDER BY a.declared_at, a.declarer LIMIT $4) w), \
-       (SELECT json_agg(i ORDER BY i.declarer)::text FROM ( \
-          SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
-          FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
-          ORDER BY w.declarer LIMIT $4) i) \
-     FROM meta m LEFT JOIN LATERAL (SELECT g.* FROM ( \
+         AS checkpoint), \
+     e AS (SELECT g.* FROM ( \
          SELECT * FROM effective_declaration g WHERE g.group_name >= $1 \
-         ORDER BY g.group_name LIMIT 1) g WHERE g.group_name = $1) e ON true";
+         ORDER BY g.group_name LIMIT 1) g WHERE g.group_name = $1) \
+     SELECT 0::smallint, m.now, m.head, m.checkpoint, e.group_name, e.declarer, e.topic, \
+       e.version, e.patterns, e.previous, NULL::text[], e.declared_at, e.attempt_at, \
+       e.position, e.installs, NULL::timestamptz, NULL::timestamptz \
+     FROM meta m LEFT JOIN e ON true \
+     UNION ALL \
+     SELECT 1::smallint, NULL, NULL, NULL, NULL, a.declarer, NULL, a.version, a.patterns, \
+       NULL, a.incumbent, a.declared_at, a.attempt_at, NULL, NULL, NULL, NULL \
+     FROM e CROSS JOIN LATERAL ( \
+       SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
+       FROM declarer_attempt a WHERE a.group_name = e.group_name \
+       AND a.status = 'waiting' AND a.patterns <> e.patterns \
+       AND (a.declared_at, a.declarer) > \
+           (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
+       ORDER BY a.declared_at, a.declarer LIMIT $4) a \
+     UNION ALL \
+     SELECT 2::smallint, NULL, NULL, NULL, NULL, i.declarer, i.topic, i.version, i.patterns, \
+       NULL, NULL, NULL, NULL, NULL, NULL, i.started_at, i.heartbeat_at \
+     FROM e CROSS JOIN LATERAL ( \
+       SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
+       FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
+       ORDER BY w.declarer LIMIT $4) i";
 
-/// The call that reads one group on Postgres: `wharf_group_view` (Postgres migrations 0015
-/// and 0022) runs [`PG_GROUP`] with its arguments.
-pub const PG_GROUP_CALL: &str = "SELECT * FROM wharf_group_view($1, $2, $3, $4, $5, $6)";
+/// The call that reads one group on Postgres: `wharf_group_rows` (Postgres migration 0027)
+/// runs [`PG_GROUP_ROWS`] with its arguments. (`wharf_group_view`, migrations 0015 and 0022,
+/// the same read with each list as JSON text, stays for builds before ADR 0065.)
+pub const PG_GROUP_ROWS_CALL: &str = "SELECT * FROM wharf_group_rows($1, $2, $3, $4, $5, $6)";
 
-/// A waiter as [`PG_GROUP`]'s JSON carries it.
-#[derive(serde::Deserialize)]
-struct JsonWaiter {
-    declarer: String,
-    version: String,
-    patterns: Vec<String>,
-    incumbent: Option<Vec<String>>,
-    declared_at: DateTime<Utc>,
-    attempt_at: DateTime<Utc>,
+/// What a row of [`PG_GROUP_ROWS`] holds, its first column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupRowKind {
+    /// The clock, the log's head, the checkpoint and the group's effective row.
+    Group = 0,
+    /// One waiter of the page.
+    Waiter = 1,
+    /// One instance of the page.
+    Instance = 2,
 }
 
-/// An instance as [`PG_GROUP`]'s JSON carries it.
-#[derive(serde::Deserialize)]
-struct JsonInstance {
-    declarer: String,
-    topic: String,
-    version: String,
-    patterns: Vec<String>,
-    started_at: DateTime<Utc>,
-    heartbeat_at: DateTime<Utc>,
+/// The columns of [`PG_GROUP_ROWS`], in order; each kind fills its own and leaves the rest NULL.
+mod col {
+    pub const KIND: usize = 0;
+    pub const NOW: usize = 1;
+    pub const HEAD: usize = 2;
+    pub const CHECKPOINT: usize = 3;
+    pub const GROUP: usize = 4;
+    pub const DECLARER: usize = 5;
+    pub const TOPIC: usize = 6;
+    pub const VERSION: usize = 7;
+    pub const PATTERNS: usize = 8;
+    pub const PREVIOUS: usize = 9;
+    pub const INCUMBENT: usize = 10;
+    pub const DECLARED_AT: usize = 11;
+    pub const ATTEMPT_AT: usize = 12;
+    pub const POSITION: usize = 13;
+    pub const INSTALLS: usize = 14;
+    pub const STARTED_AT: usize = 15;
+    pub const HEARTBEAT_AT: usize = 16;
 }
 
 /// The effective row of `group` from a one-read statement's columns 4 to 12 (topic, declarer,
 /// version, patterns, previous, declared and attempt times, position, installs), the layout
-/// the page and the one-group statements share after the clock, the head and the checkpoint
-/// (0-2) and the group's name (3).
+/// the page statements share after the clock, the head and the checkpoint (0-2) and the
+/// group's name (3).
 pub(crate) fn pg_effective_columns(
     row: &sqlx::postgres::PgRow,
     group: String,
@@ -506,11 +526,110 @@ pub(crate) fn pg_effective_columns(
     })
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(text: Option<String>) -> Result<Vec<T>, StoreError> {
-    match text {
-        Some(text) => serde_json::from_str(&text).map_err(|e| StoreError::decode(0, e)),
-        None => Ok(Vec::new()),
+/// What [`PG_GROUP_ROWS`] returned, decoded: the group's row, then its members.
+struct GroupRows {
+    now: DateTime<Utc>,
+    behind: bool,
+    rows: PageRows,
+}
+
+impl GroupRows {
+    /// Decodes the rows in the order they came back, checking that the group's row leads.
+    fn decode(found: Vec<sqlx::postgres::PgRow>) -> Result<Self, StoreError> {
+        let mut found = found.into_iter();
+        let head = found
+            .next()
+            .ok_or_else(|| unexpected("no row for the group"))?;
+        if kind(&head)? != GroupRowKind::Group {
+            return Err(unexpected("the group's row does not lead"));
+        }
+        let (last, checkpoint): (i64, i64) =
+            (head.try_get(col::HEAD)?, head.try_get(col::CHECKPOINT)?);
+        let mut read = Self {
+            now: head.try_get(col::NOW)?,
+            behind: last > checkpoint,
+            rows: PageRows {
+                effective: Vec::new(),
+                waiting: Vec::new(),
+                instances: Vec::new(),
+            },
+        };
+        let Some(name) = head.try_get::<Option<String>, _>(col::GROUP)? else {
+            return Ok(read);
+        };
+        read.rows
+            .effective
+            .push(group_effective(&head, name.clone())?);
+        for row in found {
+            match kind(&row)? {
+                GroupRowKind::Waiter => read.rows.waiting.push(group_waiter(&row, name.clone())?),
+                GroupRowKind::Instance => read
+                    .rows
+                    .instances
+                    .push(group_instance(&row, name.clone())?),
+                GroupRowKind::Group => return Err(unexpected("a second group row")),
+            }
+        }
+        Ok(read)
     }
+}
+
+/// The call returned rows in a shape its migration does not make.
+fn unexpected(what: &str) -> StoreError {
+    StoreError::Postgres(sqlx::Error::Protocol(format!("wharf_group_rows: {what}")))
+}
+
+fn kind(row: &sqlx::postgres::PgRow) -> Result<GroupRowKind, StoreError> {
+    match row.try_get::<i16, _>(col::KIND)? {
+        0 => Ok(GroupRowKind::Group),
+        1 => Ok(GroupRowKind::Waiter),
+        2 => Ok(GroupRowKind::Instance),
+        other => Err(unexpected(&format!("row kind {other}"))),
+    }
+}
+
+fn group_effective(row: &sqlx::postgres::PgRow, group: String) -> Result<EffectiveRow, StoreError> {
+    Ok(EffectiveRow {
+        group,
+        topic: row.try_get(col::TOPIC)?,
+        declarer: row.try_get(col::DECLARER)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        previous: row.try_get(col::PREVIOUS)?,
+        declared_at: row.try_get(col::DECLARED_AT)?,
+        attempt_at: row.try_get(col::ATTEMPT_AT)?,
+        position: row.try_get(col::POSITION)?,
+        installs: row.try_get(col::INSTALLS)?,
+    })
+}
+
+fn group_waiter(row: &sqlx::postgres::PgRow, group: String) -> Result<WaitingRow, StoreError> {
+    Ok(WaitingRow {
+        group,
+        declarer: row.try_get(col::DECLARER)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        incumbent: row
+            .try_get::<Option<Vec<String>>, _>(col::INCUMBENT)?
+            .unwrap_or_default(),
+        declared_at: row.try_get(col::DECLARED_AT)?,
+        attempt_at: row.try_get(col::ATTEMPT_AT)?,
+    })
+}
+
+fn group_instance(
+    row: &sqlx::postgres::PgRow,
+    group: String,
+) -> Result<InstanceRecord, StoreError> {
+    Ok(InstanceRecord {
+        group,
+        declarer: row.try_get(col::DECLARER)?,
+        topic: row.try_get(col::TOPIC)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        started_at: row.try_get(col::STARTED_AT)?,
+        heartbeat_at: row.try_get(col::HEARTBEAT_AT)?,
+    })
 }
 
 /// One group with a page of its members, the clock and the catch-up check: one statement.
@@ -525,55 +644,21 @@ pub(crate) async fn pg_group_snapshot(
         .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
         .unwrap_or((None, None));
     // The call is a statement each connection prepares once (ADR 0046); the function plans
-    // [`PG_GROUP`] once per connection, by key whatever the statistics (ADR 0058).
-    let row = sqlx::query(PG_GROUP_CALL)
+    // [`PG_GROUP_ROWS`] once per connection, by key whatever the statistics (ADR 0058).
+    let found = sqlx::query(PG_GROUP_ROWS_CALL)
         .bind(&group)
         .bind(after_at)
         .bind(after_declarer)
         .bind(keys.fetch)
         .bind(&keys.instances_after)
         .bind(crate::declaration::DeclarerAttempts::NAME)
-        .fetch_one(store.pool())
+        .fetch_all(store.pool())
         .await?;
-    let now: DateTime<Utc> = row.try_get(0)?;
-    let (head, checkpoint): (i64, i64) = (row.try_get(1)?, row.try_get(2)?);
-    let mut rows = PageRows {
-        effective: Vec::new(),
-        waiting: Vec::new(),
-        instances: Vec::new(),
-    };
-    if let Some(name) = row.try_get::<Option<String>, _>(3)? {
-        rows.effective
-            .push(pg_effective_columns(&row, name.clone())?);
-        rows.waiting = from_json::<JsonWaiter>(row.try_get(13)?)?
-            .into_iter()
-            .map(|w| WaitingRow {
-                group: name.clone(),
-                declarer: w.declarer,
-                version: w.version,
-                patterns: w.patterns,
-                incumbent: w.incumbent.unwrap_or_default(),
-                declared_at: w.declared_at,
-                attempt_at: w.attempt_at,
-            })
-            .collect();
-        rows.instances = from_json::<JsonInstance>(row.try_get(14)?)?
-            .into_iter()
-            .map(|i| InstanceRecord {
-                group: name.clone(),
-                declarer: i.declarer,
-                topic: i.topic,
-                version: i.version,
-                patterns: i.patterns,
-                started_at: i.started_at,
-                heartbeat_at: i.heartbeat_at,
-            })
-            .collect();
-    }
+    let read = GroupRows::decode(found)?;
     Ok(Snapshot {
-        rows,
-        now,
-        behind: head > checkpoint,
+        rows: read.rows,
+        now: read.now,
+        behind: read.behind,
     })
 }
 

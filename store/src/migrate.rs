@@ -72,6 +72,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(24, "postgres", "0024_waiting_page_one_walk.sql"),
     migration!(25, "postgres", "0025_key_columns_byte_order.sql"),
     migration!(26, "postgres", "0026_binding_rows_as_view.sql"),
+    migration!(27, "postgres", "0027_group_view_as_rows.sql"),
 ];
 
 /// The schema version this build needs.

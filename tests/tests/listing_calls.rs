@@ -1,5 +1,5 @@
 //! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
-//! `wharf_group_view` and `wharf_group_figures` (Postgres migrations 0015 and 0022).
+//! `wharf_group_rows` and `wharf_group_figures` (Postgres migrations 0015, 0022 and 0027).
 //!
 //! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the
 //!   texts in `projections` and `queue` (whitespace aside), and plans them once per connection
@@ -17,7 +17,7 @@
 use rusqlite::StatementStatus;
 use serde_json::Value;
 use wharf::store::Store;
-use wharf_projections::rows::PG_GROUP;
+use wharf_projections::rows::PG_GROUP_ROWS;
 use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
 
@@ -38,7 +38,7 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
         .collect();
     let expected: [(&str, Vec<String>); 3] = [
         ("wharf_group_summaries", summaries),
-        ("wharf_group_view", vec![PG_GROUP.to_owned()]),
+        ("wharf_group_rows", vec![PG_GROUP_ROWS.to_owned()]),
         (
             "wharf_group_figures",
             vec![wharf_queue::plans::GROUP_FIGURES.to_owned()],
@@ -82,6 +82,16 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
         ] {
             assert!(
                 config.iter().any(|c| c == setting),
+                "{function}: {config:?}"
+            );
+        }
+        // The one-group read's kinds of rows come back branch after branch (ADR 0065): no
+        // parallel append may interleave them.
+        if function == "wharf_group_rows" {
+            assert!(
+                config
+                    .iter()
+                    .any(|c| c == "max_parallel_workers_per_gather=0"),
                 "{function}: {config:?}"
             );
         }
@@ -156,7 +166,7 @@ fn calls() -> Vec<(&'static str, String, i64)> {
         ),
         (
             "one group",
-            "SELECT * FROM wharf_group_view('g005007', NULL, NULL, 101, '', \
+            "SELECT * FROM wharf_group_rows('g005007', NULL, NULL, 101, '', \
              'declarer_attempts')"
                 .to_owned(),
             GROUP_BOUND,

@@ -4,7 +4,9 @@
 //!   throughout it exactly once, and never one twice, while other groups are being created;
 //!   the `topic` and `waiting` filters page the same way;
 //! - a cursor handed out by one server is answered by a fresh server over a reopened store;
-//! - `GET /api/v1/groups/{group}` pages its waiters and its instances, each by its own cursor;
+//! - `GET /api/v1/groups/{group}` pages its waiters and its instances, each by its own cursor,
+//!   and carries every field of each as stored (on Postgres they come back as rows of their
+//!   own, ADR 0065); a group never declared is a 404;
 //! - a bad cursor, limit or filter is a 400 naming the field.
 
 use std::collections::BTreeSet;
@@ -301,6 +303,79 @@ async fn a_group_pages_its_waiters_and_instances(backend: Backend) {
 on_both_backends!(
     a_group_pages_its_waiters_and_instances,
     a_group_pages_its_waiters_and_instances
+);
+
+/// Each member's fields come back as stored: several patterns, the incumbent, versions and
+/// times, each list beside the group's own row; a group never declared is a 404 even when
+/// another has members.
+async fn a_group_read_carries_each_members_fields(backend: Backend) {
+    let test = TestStore::new(backend).await;
+    let wharf = test.steady_wharf();
+    let _consumer = live_consumer(&wharf, "fields", "orders", &["orders/#"]).await;
+    let waiter = wharf.as_declarer(DeclarerId::parse("d", "waiter:a").unwrap());
+    let asked =
+        Registration::new("fields", "orders", "2.5.0", &["orders/us/#", "orders/eu/#"]).unwrap();
+    waiter.register(&asked).await.unwrap();
+    let server = Server::start(test.store.clone()).await;
+
+    let view = server.ok("/api/v1/groups/fields").await;
+    assert_eq!(view["group"], "fields", "{view}");
+    assert_eq!(view["topic"], "orders", "{view}");
+    let effective = &view["effective"];
+    assert_eq!(effective["patterns"], json!(["orders/#"]), "{view}");
+    assert_eq!(effective["version"], "1", "{view}");
+    assert_eq!(effective["previous"], Value::Null, "{view}");
+    assert_eq!(effective["installs"], 1, "{view}");
+    let summary = server.ok("/api/v1/groups").await;
+    assert_eq!(&summary["groups"][0]["effective"], effective, "{summary}");
+
+    let waiters = view["waiters"].as_array().unwrap();
+    assert_eq!(waiters.len(), 1, "{view}");
+    let w = &waiters[0];
+    assert_eq!(w["declarer"], "waiter:a", "{w}");
+    assert_eq!(w["version"], "2.5.0", "{w}");
+    let mut asked_set = vec!["orders/eu/#", "orders/us/#"];
+    let mut got: Vec<&str> = w["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    got.sort_unstable();
+    asked_set.sort_unstable();
+    assert_eq!(got, asked_set, "{w}");
+    assert_eq!(w["incumbent"], json!(["orders/#"]), "{w}");
+    assert!(
+        time(&w["declared_at"]) <= time(&w["last_attempt_at"]),
+        "{w}"
+    );
+    assert_eq!(
+        timeless(w),
+        timeless(&summary["groups"][0]["oldest_waiter"]),
+        "the page's oldest waiter is the group's first"
+    );
+
+    let instances = view["instances"].as_array().unwrap();
+    assert_eq!(instances.len(), 1, "{view}");
+    let i = &instances[0];
+    assert_eq!(i["version"], "1", "{i}");
+    assert_eq!(i["patterns"], json!(["orders/#"]), "{i}");
+    assert_eq!(i["live"], true, "{i}");
+    assert!(time(&i["started_at"]) <= time(&i["heartbeat_at"]), "{i}");
+    assert_eq!(view["waiters_next_after"], Value::Null, "{view}");
+    assert_eq!(view["instances_next_after"], Value::Null, "{view}");
+
+    let (status, body) = server.get("/api/v1/groups/never-declared").await;
+    assert_eq!(status, 404, "{body}");
+}
+
+fn time(value: &Value) -> chrono::DateTime<chrono::FixedOffset> {
+    chrono::DateTime::parse_from_rfc3339(value.as_str().unwrap()).unwrap()
+}
+
+on_both_backends!(
+    a_group_read_carries_each_members_fields,
+    a_group_read_carries_each_members_fields
 );
 
 /// A summary counts up to 100 and says when more follow; the group's own read pages them all.

@@ -7,7 +7,7 @@ use sqlx::postgres::PgArguments;
 use sqlx::Arguments;
 use wharf::store::postgres::QUERY_EVENTS;
 use wharf::store::PgStore;
-use wharf_projections::rows::{one_sql, page_sql, PG_GROUP, PG_INSTANCES, PG_WAITERS};
+use wharf_projections::rows::{one_sql, page_sql, PG_GROUP_ROWS, PG_INSTANCES, PG_WAITERS};
 use wharf_projections::summary::pg_summary_sql;
 
 /// The history read before ADR 0036 (ordered by position), for comparison.
@@ -136,7 +136,7 @@ fn statements(middle: &str, long_group: &str, fleet_group: &str) -> Vec<Statemen
         },
         Statement {
             what: format!("one group in one statement ({long_group})"),
-            sql: PG_GROUP.into(),
+            sql: PG_GROUP_ROWS.into(),
             args: Box::new(group_read(long_group.clone())),
         },
         Statement {

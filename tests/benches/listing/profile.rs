@@ -257,7 +257,7 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
             row(
                 &format!("one group call, rows not decoded ({long})"),
                 timed(runs, || async {
-                    sqlx::query(wharf::projections::rows::PG_GROUP_CALL)
+                    sqlx::query(wharf::projections::rows::PG_GROUP_ROWS_CALL)
                         .bind(long.as_str())
                         .bind(None::<chrono::DateTime<chrono::Utc>>)
                         .bind(None::<String>)
@@ -270,7 +270,7 @@ pub async fn profile(read: &ReadModel, client: &reqwest::Client, base: &str, run
                         .len()
                 })
                 .await,
-                "`wharf_group_view`, its JSON text not parsed",
+                "`wharf_group_rows`, its rows not decoded",
             );
         }
         row(
