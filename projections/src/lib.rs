@@ -20,6 +20,7 @@ pub mod cursor;
 pub mod declaration;
 pub mod error;
 mod fused;
+mod group_rows;
 pub mod lease;
 pub mod listing;
 pub mod open_waits;
@@ -344,7 +345,7 @@ impl ReadModel {
                 let now = s.now().await?;
                 rows::sqlite_group_snapshot(s, group, keys.clone(), now).await
             }
-            Store::Postgres(s) => rows::pg_group_snapshot(s, group, keys).await,
+            Store::Postgres(s) => group_rows::pg_group_snapshot(s, group, keys).await,
         }
     }
 

@@ -1,0 +1,222 @@
+//! One group's read on Postgres: the statement `wharf_group_rows` runs (Postgres migration
+//! 0027, ADR 0065) and the decoding of its rows, the group's own first and then one row per
+//! member of each page, into the listing's rows.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use wharf_store::event::from_micros;
+use wharf_store::{InstanceRecord, PgStore, StoreError};
+
+use crate::listing::{MemberKeys, PageRows};
+use crate::summary::Snapshot;
+use crate::views::{EffectiveRow, WaitingRow};
+
+/// One group with a page of its waiters and of its instances, the store's clock and the
+/// catch-up check, as one statement: `$1` the group, `$2`, `$3` the waiter key (NULL: from
+/// the first), `$4` the count of each list, `$5` the instance key, `$6` the catch-up
+/// projector. Rows come back as [`GroupRowKind`] says: first the group's (always one: the
+/// clock and the check; its group columns NULL when the group was never declared), then a
+/// page of waiters from the partial index of waiting attempts, then a page of instances from
+/// `worker_instance`'s key, each at most `$4`, every value in its own column (ADR 0065). The
+/// log's head is its last position and the group the first name from `$1`, checked equal:
+/// reads only a key's order answers, so the plan the function makes once per connection reads
+/// by key whatever the tables held then (ADR 0058).
+pub const PG_GROUP_ROWS: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
+       COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
+       COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
+         AS checkpoint), \
+     e AS (SELECT g.* FROM ( \
+         SELECT * FROM effective_declaration g WHERE g.group_name >= $1 \
+         ORDER BY g.group_name LIMIT 1) g WHERE g.group_name = $1) \
+     SELECT 0::smallint, m.now, m.head, m.checkpoint, e.group_name, e.declarer, e.topic, \
+       e.version, e.patterns, e.previous, NULL::text[], e.declared_at, e.attempt_at, \
+       e.position, e.installs, NULL::timestamptz, NULL::timestamptz \
+     FROM meta m LEFT JOIN e ON true \
+     UNION ALL \
+     SELECT 1::smallint, NULL, NULL, NULL, NULL, a.declarer, NULL, a.version, a.patterns, \
+       NULL, a.incumbent, a.declared_at, a.attempt_at, NULL, NULL, NULL, NULL \
+     FROM e CROSS JOIN LATERAL ( \
+       SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
+       FROM declarer_attempt a WHERE a.group_name = e.group_name \
+       AND a.status = 'waiting' AND a.patterns <> e.patterns \
+       AND (a.declared_at, a.declarer) > \
+           (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
+       ORDER BY a.declared_at, a.declarer LIMIT $4) a \
+     UNION ALL \
+     SELECT 2::smallint, NULL, NULL, NULL, NULL, i.declarer, i.topic, i.version, i.patterns, \
+       NULL, NULL, NULL, NULL, NULL, NULL, i.started_at, i.heartbeat_at \
+     FROM e CROSS JOIN LATERAL ( \
+       SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
+       FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
+       ORDER BY w.declarer LIMIT $4) i";
+
+/// The call that reads one group on Postgres: `wharf_group_rows` (Postgres migration 0027)
+/// runs [`PG_GROUP_ROWS`] with its arguments. (`wharf_group_view`, migrations 0015 and 0022,
+/// the same read with each list as JSON text, stays for builds before ADR 0065.)
+pub const PG_GROUP_ROWS_CALL: &str = "SELECT * FROM wharf_group_rows($1, $2, $3, $4, $5, $6)";
+
+/// What a row of [`PG_GROUP_ROWS`] holds, its first column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupRowKind {
+    /// The clock, the log's head, the checkpoint and the group's effective row.
+    Group = 0,
+    /// One waiter of the page.
+    Waiter = 1,
+    /// One instance of the page.
+    Instance = 2,
+}
+
+/// The columns of [`PG_GROUP_ROWS`], in order; each kind fills its own and leaves the rest NULL.
+mod col {
+    pub const KIND: usize = 0;
+    pub const NOW: usize = 1;
+    pub const HEAD: usize = 2;
+    pub const CHECKPOINT: usize = 3;
+    pub const GROUP: usize = 4;
+    pub const DECLARER: usize = 5;
+    pub const TOPIC: usize = 6;
+    pub const VERSION: usize = 7;
+    pub const PATTERNS: usize = 8;
+    pub const PREVIOUS: usize = 9;
+    pub const INCUMBENT: usize = 10;
+    pub const DECLARED_AT: usize = 11;
+    pub const ATTEMPT_AT: usize = 12;
+    pub const POSITION: usize = 13;
+    pub const INSTALLS: usize = 14;
+    pub const STARTED_AT: usize = 15;
+    pub const HEARTBEAT_AT: usize = 16;
+}
+
+/// What [`PG_GROUP_ROWS`] returned, decoded: the group's row, then its members.
+struct GroupRows {
+    now: DateTime<Utc>,
+    behind: bool,
+    rows: PageRows,
+}
+
+impl GroupRows {
+    /// Decodes the rows in the order they came back, checking that the group's row leads.
+    fn decode(found: Vec<PgRow>) -> Result<Self, StoreError> {
+        let mut found = found.into_iter();
+        let head = found
+            .next()
+            .ok_or_else(|| unexpected("no row for the group"))?;
+        if kind(&head)? != GroupRowKind::Group {
+            return Err(unexpected("the group's row does not lead"));
+        }
+        let (last, checkpoint): (i64, i64) =
+            (head.try_get(col::HEAD)?, head.try_get(col::CHECKPOINT)?);
+        let mut read = Self {
+            now: head.try_get(col::NOW)?,
+            behind: last > checkpoint,
+            rows: PageRows {
+                effective: Vec::new(),
+                waiting: Vec::new(),
+                instances: Vec::new(),
+            },
+        };
+        let Some(name) = head.try_get::<Option<String>, _>(col::GROUP)? else {
+            return Ok(read);
+        };
+        read.rows
+            .effective
+            .push(group_effective(&head, name.clone())?);
+        for row in found {
+            match kind(&row)? {
+                GroupRowKind::Waiter => read.rows.waiting.push(group_waiter(&row, name.clone())?),
+                GroupRowKind::Instance => read
+                    .rows
+                    .instances
+                    .push(group_instance(&row, name.clone())?),
+                GroupRowKind::Group => return Err(unexpected("a second group row")),
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// The call returned rows in a shape its migration does not make.
+fn unexpected(what: &str) -> StoreError {
+    StoreError::Postgres(sqlx::Error::Protocol(format!("wharf_group_rows: {what}")))
+}
+
+fn kind(row: &PgRow) -> Result<GroupRowKind, StoreError> {
+    match row.try_get::<i16, _>(col::KIND)? {
+        0 => Ok(GroupRowKind::Group),
+        1 => Ok(GroupRowKind::Waiter),
+        2 => Ok(GroupRowKind::Instance),
+        other => Err(unexpected(&format!("row kind {other}"))),
+    }
+}
+
+fn group_effective(row: &PgRow, group: String) -> Result<EffectiveRow, StoreError> {
+    Ok(EffectiveRow {
+        group,
+        topic: row.try_get(col::TOPIC)?,
+        declarer: row.try_get(col::DECLARER)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        previous: row.try_get(col::PREVIOUS)?,
+        declared_at: row.try_get(col::DECLARED_AT)?,
+        attempt_at: row.try_get(col::ATTEMPT_AT)?,
+        position: row.try_get(col::POSITION)?,
+        installs: row.try_get(col::INSTALLS)?,
+    })
+}
+
+fn group_waiter(row: &PgRow, group: String) -> Result<WaitingRow, StoreError> {
+    Ok(WaitingRow {
+        group,
+        declarer: row.try_get(col::DECLARER)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        incumbent: row
+            .try_get::<Option<Vec<String>>, _>(col::INCUMBENT)?
+            .unwrap_or_default(),
+        declared_at: row.try_get(col::DECLARED_AT)?,
+        attempt_at: row.try_get(col::ATTEMPT_AT)?,
+    })
+}
+
+fn group_instance(row: &PgRow, group: String) -> Result<InstanceRecord, StoreError> {
+    Ok(InstanceRecord {
+        group,
+        declarer: row.try_get(col::DECLARER)?,
+        topic: row.try_get(col::TOPIC)?,
+        version: row.try_get(col::VERSION)?,
+        patterns: row.try_get(col::PATTERNS)?,
+        started_at: row.try_get(col::STARTED_AT)?,
+        heartbeat_at: row.try_get(col::HEARTBEAT_AT)?,
+    })
+}
+
+/// One group with a page of its members, the clock and the catch-up check: one statement.
+pub(crate) async fn pg_group_snapshot(
+    store: &PgStore,
+    group: String,
+    keys: &MemberKeys,
+) -> Result<Snapshot<PageRows>, StoreError> {
+    let (after_at, after_declarer) = keys
+        .waiters_after
+        .clone()
+        .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
+        .unwrap_or((None, None));
+    // The call is a statement each connection prepares once (ADR 0046); the function plans
+    // [`PG_GROUP_ROWS`] once per connection, by key whatever the statistics (ADR 0058).
+    let found = sqlx::query(PG_GROUP_ROWS_CALL)
+        .bind(&group)
+        .bind(after_at)
+        .bind(after_declarer)
+        .bind(keys.fetch)
+        .bind(&keys.instances_after)
+        .bind(crate::declaration::DeclarerAttempts::NAME)
+        .fetch_all(store.pool())
+        .await?;
+    let read = GroupRows::decode(found)?;
+    Ok(Snapshot {
+        rows: read.rows,
+        now: read.now,
+        behind: read.behind,
+    })
+}
