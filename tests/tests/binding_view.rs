@@ -114,8 +114,8 @@ async fn migrate_as_the_previous_release(store: &Store) {
         .take_while(|m| !m.name.contains("binding_rows_as_view"))
         .collect();
     assert!(
-        previous.len() + 1 == store.migrations().len(),
-        "the view's migration is the newest"
+        previous.len() < store.migrations().len(),
+        "the view's migration is among this build's"
     );
     // The table as each store creates it (Postgres fills `applied_at` by default).
     let (applied_at, applied_at_column) = match store {
@@ -178,7 +178,13 @@ async fn an_upgrade_keeps_every_groups_binding_rows(backend: Backend) {
     );
 
     let applied = store.migrate().await.unwrap();
-    assert_eq!(applied.len(), 1, "{applied:?}");
+    let expected: Vec<&str> = store
+        .migrations()
+        .iter()
+        .skip_while(|m| !m.name.contains("binding_rows_as_view"))
+        .map(|m| m.name)
+        .collect();
+    assert_eq!(applied, expected, "the view's migration and those after it");
     assert_eq!(binding_kind(store).await, "view");
     assert_eq!(binding_rows(store).await, before, "the same rows, derived");
 }
