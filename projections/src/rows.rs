@@ -463,13 +463,21 @@ pub(crate) async fn pg_is_declared(store: &PgStore, group: String) -> Result<boo
     .await?)
 }
 
-/// The effective binding rows of a group (empty = whole topic), from the `binding` view over its
-/// effective declaration's patterns (ADR 0064).
+/// The effective binding rows of group `$1` on Postgres: its effective declaration's patterns,
+/// one row each, as the `binding` view derives them (ADR 0064). The row is the first name from
+/// `$1`, checked equal, as in the listing calls (ADR 0058): only the key's order answers that,
+/// where `group_name = $1` alone ties, on statistics taken while the table was empty, with a
+/// walk of the whole `(topic, group_name)` index (seen in CI, 573 buffers at 100k groups).
+pub const PG_BINDINGS: &str = "SELECT p.pattern FROM ( \
+       SELECT e.group_name, e.patterns FROM effective_declaration e \
+       WHERE e.group_name >= $1 ORDER BY e.group_name LIMIT 1) e \
+     CROSS JOIN LATERAL unnest(e.patterns) AS p (pattern) \
+     WHERE e.group_name = $1 ORDER BY p.pattern";
+
+/// The effective binding rows of a group (empty = whole topic): [`PG_BINDINGS`].
 pub(crate) async fn pg_bindings(store: &PgStore, group: String) -> Result<Vec<String>, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT pattern FROM binding WHERE group_name = $1 ORDER BY pattern")
-            .bind(group)
-            .fetch_all(store.pool())
-            .await?,
-    )
+    Ok(sqlx::query_scalar(PG_BINDINGS)
+        .bind(group)
+        .fetch_all(store.pool())
+        .await?)
 }
