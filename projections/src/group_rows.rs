@@ -2,7 +2,6 @@
 //! 0027, ADR 0065) and the decoding of its rows, the group's own first and then one row per
 //! member of each page, into the listing's rows.
 
-use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use wharf_store::event::from_micros;
@@ -15,7 +14,7 @@ use crate::views::{EffectiveRow, WaitingRow};
 /// One group with a page of its waiters and of its instances, the store's clock and the
 /// catch-up check, as one statement: `$1` the group, `$2`, `$3` the waiter key (NULL: from
 /// the first), `$4` the count of each list, `$5` the instance key, `$6` the catch-up
-/// projector. Rows come back as [`GroupRowKind`] says: first the group's (always one: the
+/// projector. Rows come back as `GroupRowKind` says: first the group's (always one: the
 /// clock and the check; its group columns NULL when the group was never declared), then a
 /// page of waiters from the partial index of waiting attempts, then a page of instances from
 /// `worker_instance`'s key, each at most `$4`, every value in its own column (ADR 0065). The
@@ -58,7 +57,7 @@ pub const PG_GROUP_ROWS_CALL: &str = "SELECT * FROM wharf_group_rows($1, $2, $3,
 
 /// What a row of [`PG_GROUP_ROWS`] holds, its first column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GroupRowKind {
+enum GroupRowKind {
     /// The clock, the log's head, the checkpoint and the group's effective row.
     Group = 0,
     /// One waiter of the page.
@@ -88,52 +87,44 @@ mod col {
     pub const HEARTBEAT_AT: usize = 16;
 }
 
-/// What [`PG_GROUP_ROWS`] returned, decoded: the group's row, then its members.
-struct GroupRows {
-    now: DateTime<Utc>,
-    behind: bool,
-    rows: PageRows,
-}
-
-impl GroupRows {
-    /// Decodes the rows in the order they came back, checking that the group's row leads.
-    fn decode(found: Vec<PgRow>) -> Result<Self, StoreError> {
-        let mut found = found.into_iter();
-        let head = found
-            .next()
-            .ok_or_else(|| unexpected("no row for the group"))?;
-        if kind(&head)? != GroupRowKind::Group {
-            return Err(unexpected("the group's row does not lead"));
-        }
-        let (last, checkpoint): (i64, i64) =
-            (head.try_get(col::HEAD)?, head.try_get(col::CHECKPOINT)?);
-        let mut read = Self {
-            now: head.try_get(col::NOW)?,
-            behind: last > checkpoint,
-            rows: PageRows {
-                effective: Vec::new(),
-                waiting: Vec::new(),
-                instances: Vec::new(),
-            },
-        };
-        let Some(name) = head.try_get::<Option<String>, _>(col::GROUP)? else {
-            return Ok(read);
-        };
-        read.rows
-            .effective
-            .push(group_effective(&head, name.clone())?);
-        for row in found {
-            match kind(&row)? {
-                GroupRowKind::Waiter => read.rows.waiting.push(group_waiter(&row, name.clone())?),
-                GroupRowKind::Instance => read
-                    .rows
-                    .instances
-                    .push(group_instance(&row, name.clone())?),
-                GroupRowKind::Group => return Err(unexpected("a second group row")),
-            }
-        }
-        Ok(read)
+/// Decodes [`PG_GROUP_ROWS`]' rows in the order they came back: the group's row (the clock,
+/// the catch-up check, the effective row), then its members; checks the group's row leads and
+/// no other repeats it.
+fn decode(found: Vec<PgRow>) -> Result<Snapshot<PageRows>, StoreError> {
+    let mut found = found.into_iter();
+    let head = found
+        .next()
+        .ok_or_else(|| unexpected("no row for the group"))?;
+    if kind(&head)? != GroupRowKind::Group {
+        return Err(unexpected("the group's row does not lead"));
     }
+    let (last, checkpoint): (i64, i64) = (head.try_get(col::HEAD)?, head.try_get(col::CHECKPOINT)?);
+    let mut read = Snapshot {
+        now: head.try_get(col::NOW)?,
+        behind: last > checkpoint,
+        rows: PageRows {
+            effective: Vec::new(),
+            waiting: Vec::new(),
+            instances: Vec::new(),
+        },
+    };
+    let Some(name) = head.try_get::<Option<String>, _>(col::GROUP)? else {
+        return Ok(read);
+    };
+    read.rows
+        .effective
+        .push(group_effective(&head, name.clone())?);
+    for row in found {
+        match kind(&row)? {
+            GroupRowKind::Waiter => read.rows.waiting.push(group_waiter(&row, name.clone())?),
+            GroupRowKind::Instance => read
+                .rows
+                .instances
+                .push(group_instance(&row, name.clone())?),
+            GroupRowKind::Group => return Err(unexpected("a second group row")),
+        }
+    }
+    Ok(read)
 }
 
 /// The call returned rows in a shape its migration does not make.
@@ -213,10 +204,5 @@ pub(crate) async fn pg_group_snapshot(
         .bind(crate::declaration::DeclarerAttempts::NAME)
         .fetch_all(store.pool())
         .await?;
-    let read = GroupRows::decode(found)?;
-    Ok(Snapshot {
-        rows: read.rows,
-        now: read.now,
-        behind: read.behind,
-    })
+    decode(found)
 }
