@@ -453,26 +453,30 @@ pub(crate) fn pg_effective_columns(
     })
 }
 
-/// True when the group has an effective declaration.
+/// Whether group `$1` has an effective declaration on Postgres. Read by group and topic (the
+/// topic from the group's row), which both of `effective_declaration`'s indexes hold whole
+/// (ADR 0066): by the name alone, statistics that count the table's pages but not its rows let
+/// the planner walk the whole `(topic, group_name)` index.
+pub const PG_IS_DECLARED: &str = "SELECT EXISTS (SELECT 1 FROM effective_declaration e \
+     WHERE e.group_name = $1 \
+     AND e.topic = (SELECT g.topic FROM consumer_group g WHERE g.group_name = $1))";
+
+/// True when the group has an effective declaration: [`PG_IS_DECLARED`].
 pub(crate) async fn pg_is_declared(store: &PgStore, group: String) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM effective_declaration WHERE group_name = $1)",
-    )
-    .bind(group)
-    .fetch_one(store.pool())
-    .await?)
+    Ok(sqlx::query_scalar(PG_IS_DECLARED)
+        .bind(group)
+        .fetch_one(store.pool())
+        .await?)
 }
 
 /// The effective binding rows of group `$1` on Postgres: its effective declaration's patterns,
-/// one row each, as the `binding` view derives them (ADR 0064). The row is the first name from
-/// `$1`, checked equal, as in the listing calls (ADR 0058): only the key's order answers that,
-/// where `group_name = $1` alone ties, on statistics taken while the table was empty, with a
-/// walk of the whole `(topic, group_name)` index (seen in CI, 573 buffers at 100k groups).
-pub const PG_BINDINGS: &str = "SELECT p.pattern FROM ( \
-       SELECT e.group_name, e.patterns FROM effective_declaration e \
-       WHERE e.group_name >= $1 ORDER BY e.group_name LIMIT 1) e \
+/// one row each, as the `binding` view derives them (ADR 0064), the row read by group and
+/// topic as [`PG_IS_DECLARED`] reads it (ADR 0066).
+pub const PG_BINDINGS: &str = "SELECT p.pattern FROM effective_declaration e \
      CROSS JOIN LATERAL unnest(e.patterns) AS p (pattern) \
-     WHERE e.group_name = $1 ORDER BY p.pattern";
+     WHERE e.group_name = $1 \
+     AND e.topic = (SELECT g.topic FROM consumer_group g WHERE g.group_name = $1) \
+     ORDER BY p.pattern";
 
 /// The effective binding rows of a group (empty = whole topic): [`PG_BINDINGS`].
 pub(crate) async fn pg_bindings(store: &PgStore, group: String) -> Result<Vec<String>, StoreError> {

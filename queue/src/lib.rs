@@ -54,6 +54,11 @@ pub struct Queue {
 pub mod plans {
     /// A routing step's read of the log on Postgres (`$1` topic, positions `$2..=$3`).
     pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
+    /// A routing step's unlocked first look on Postgres (`$1` the group).
+    pub const ROUTE_LOOK: &str = crate::postgres::SETTLED_LOOK;
+    /// The install in effect for a group on Postgres (`$1` the group): what a routing step
+    /// matches with and a claim's fence is checked against.
+    pub const INSTALL_IN_EFFECT: &str = crate::postgres::INSTALL_IN_EFFECT;
     /// A listing's queue figures on Postgres, what `wharf_group_figures` runs (`$1` the groups).
     pub const GROUP_FIGURES: &str = crate::postgres::GROUP_FIGURES_SQL;
     /// An ack's call on Postgres: `wharf_ack` (ADR 0048).

@@ -198,6 +198,28 @@ pub fn fast_declarations() -> DeclarationConfig {
     }
 }
 
+/// Takes statistics of the tables in `conn`'s schema only. A bare `ANALYZE` would also analyze
+/// every other test's schema in the database, and catch a sibling test's table while it is
+/// being filled: its pages counted and none of its rows, statistics that test never asked for
+/// (the cause of a plan test's failure in CI on 2026-12-05, ADR 0066).
+pub async fn analyze_own_tables(conn: &mut sqlx::PgConnection) {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables \
+         WHERE schemaname = current_schema() ORDER BY tablename",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert!(
+        !tables.is_empty(),
+        "the test's schema has tables to analyze"
+    );
+    sqlx::query(&format!("ANALYZE {}", tables.join(", ")))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
 /// A connection to the test's schema, as another routing step would hold one.
 pub async fn other_session(test: &TestStore) -> sqlx::PgConnection {
     let schema = test.schema().expect("a Postgres test store has a schema");

@@ -5,11 +5,11 @@
 //! the events after that sequence, the stream's head by a walk of the key and its declarer's
 //! own open wait by key (ADR 0049; the group has 50k open waits here, its neighbours 50 each):
 //! a bounded number of buffers whatever the stream's length, under custom and generic plans
-//! alike. An install's delete of the open waits it closes is held to the group's own rows, and
-//! so is the read of a group's binding rows. (The head was once `MAX(sequence)`, which the
-//! cold_register bench caught reading the whole stream on each attempt; on this table Postgres
-//! plans that form as a one-entry backward scan too, so the bound is shown to catch a read of
-//! the whole stream instead.)
+//! alike. An install's delete of the open waits it closes is held to the group's own rows
+//! (the read of a group's binding rows is in `group_key_reads.rs`). (The head was once
+//! `MAX(sequence)`, which the cold_register bench caught reading the whole stream on each
+//! attempt; on this table Postgres plans that form as a one-entry backward scan too, so the
+//! bound is shown to catch a read of the whole stream instead.)
 
 use serde_json::Value;
 use sqlx::postgres::PgArguments;
@@ -181,7 +181,7 @@ async fn analyzed_while_empty(test: &TestStore) -> sqlx::pool::PoolConnection<sq
         unreachable!("a Postgres test store")
     };
     let mut conn = store.pool().acquire().await.unwrap();
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    wharf_tests::analyze_own_tables(&mut conn).await;
     conn
 }
 
@@ -212,46 +212,5 @@ async fn an_install_closes_open_waits_by_the_groups_key() {
                 "the install's open-wait delete ({mode}, {group}) touched {buffers} buffers"
             );
         }
-    }
-}
-
-/// The binding rows of one group (`ReadModel::effective_bindings`), the effective
-/// declaration's patterns as the `binding` view derives them (ADR 0064): read by the group's
-/// key, under custom and generic plans, with statistics taken while `effective_declaration`
-/// was empty and 100k groups there now. (Read as `binding WHERE group_name = $1`, the plan
-/// could tie with a walk of the `(topic, group_name)` index: 573 buffers in CI, 2026-12-05.)
-#[tokio::test]
-async fn a_groups_binding_rows_are_read_by_its_key() {
-    let test = TestStore::new(Backend::Postgres).await;
-    let mut conn = analyzed_while_empty(&test).await;
-    sqlx::query(
-        "INSERT INTO effective_declaration (group_name, topic, declarer, version, patterns, \
-         declared_at, attempt_at, position, installs) \
-         SELECT 'g' || i, 'orders', 'd', '1', ARRAY['orders/' || i || '/#', 'orders/x/' || i], \
-         clock_timestamp(), clock_timestamp(), i, 1 FROM generate_series(1, 100000) i",
-    )
-    .execute(&mut *conn)
-    .await
-    .unwrap();
-    let read = wharf_projections::rows::PG_BINDINGS;
-    for mode in MODES {
-        sqlx::query(&format!("SET plan_cache_mode = {mode}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        let (plan,): (Value,) =
-            sqlx::query_as(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {read}"))
-                .bind("g7")
-                .fetch_one(&mut *conn)
-                .await
-                .unwrap();
-        let root = &plan[0]["Plan"];
-        assert_eq!(root["Actual Rows"], 2, "{mode}: the group's two patterns");
-        // The key's descent and the row's page, not the table's 100k rows (over 1,000 pages).
-        assert!(
-            buffers(root) <= 10,
-            "the binding read ({mode}) touched {} buffers: {root}",
-            buffers(root)
-        );
     }
 }

@@ -189,7 +189,7 @@ async fn listing_calls_made_on_empty_tables_read_a_large_store_by_key() {
         unreachable!("a Postgres test store")
     };
     let mut conn = pg.pool().acquire().await.unwrap();
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    wharf_tests::analyze_own_tables(&mut conn).await;
     // On empty tables: the connection's plans are made here (more calls than a plan cache
     // needs to settle on a generic plan, had a function left the choice to it).
     for _ in 0..8 {

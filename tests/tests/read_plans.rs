@@ -63,7 +63,7 @@ fn buffers(plan: &Value) -> i64 {
 
 /// Fills the tables the way a large store looks after statistics were taken on it empty.
 async fn large_store_with_stale_statistics(conn: &mut sqlx::PgConnection) {
-    sqlx::query("ANALYZE").execute(&mut *conn).await.unwrap();
+    wharf_tests::analyze_own_tables(conn).await;
     for statement in [
         format!(
             "INSERT INTO events (aggregate_type, aggregate_id, sequence, event_type, \

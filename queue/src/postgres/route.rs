@@ -19,6 +19,24 @@ use crate::message::{EffectiveInstall, RouteReport};
 /// group busy. Holders are routing steps (one batch) and swaps: milliseconds.
 const WAIT_FOR_ROUTER: &str = "2s";
 
+/// A routing step's unlocked first look (`$1` the group): how far it has routed, the topic's
+/// head, the install its routing is aligned with, whether its rescan is done, and the install
+/// in effect. That install is read by group and topic, which both of `effective_declaration`'s
+/// indexes hold whole (ADR 0066): by the name alone, statistics that count the table's pages
+/// but not its rows let the planner walk the whole `(topic, group_name)` index instead.
+pub(crate) const SETTLED_LOOK: &str = "SELECT g.routed_position, COALESCE(t.head, 0), \
+       g.routed_install, g.rescan_position > g.rescan_until, \
+       (SELECT e.position FROM effective_declaration e \
+        WHERE e.group_name = $1 AND e.topic = g.topic) \
+     FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
+     WHERE g.group_name = $1";
+
+/// The install in effect for group `$1`: its position and patterns, read by group and topic
+/// (the topic from the group's row, ADR 0066), as [`SETTLED_LOOK`] reads it.
+pub(crate) const INSTALL_IN_EFFECT: &str = "SELECT e.position, e.patterns \
+     FROM effective_declaration e WHERE e.group_name = $1 \
+     AND e.topic = (SELECT g.topic FROM consumer_group g WHERE g.group_name = $1)";
+
 /// Routes up to `batch` log positions for `group`; `on_locked` says whether a step that finds
 /// another one (or a swap) holding the group skips or waits for it to commit.
 pub(crate) async fn route(
@@ -32,20 +50,14 @@ pub(crate) async fn route(
     // An unlocked look first: a caught-up group whose routing is aligned with its install (the
     // idle case) costs one read, not a locked transaction. A missing group falls through to the
     // locked path, which reports it.
-    let position: Option<(i64, i64, bool, Option<i64>)> = sqlx::query_as(
-        "SELECT g.routed_position, COALESCE(t.head, 0), \
-           g.routed_install = COALESCE(e.position, g.routed_install) \
-           AND g.rescan_position > g.rescan_until, e.position \
-         FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
-         LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
-         WHERE g.group_name = $1",
-    )
-    .bind(group.as_str())
-    .fetch_optional(store.pool())
-    .await?;
-    if let Some((routed, head, settled, install)) = position {
+    let position: Option<(i64, i64, i64, bool, Option<i64>)> = sqlx::query_as(SETTLED_LOOK)
+        .bind(group.as_str())
+        .fetch_optional(store.pool())
+        .await?;
+    if let Some((routed, head, routed_install, rescanned, install)) = position {
         QueueError::check_fence(group.as_str(), fence, install)?;
-        if settled && routed >= head {
+        let aligned = install.is_none_or(|install| install == routed_install);
+        if aligned && rescanned && routed >= head {
             return Ok(RouteReport {
                 position: routed,
                 ..RouteReport::default()
@@ -178,12 +190,10 @@ async fn read_install(
     conn: &mut sqlx::PgConnection,
     group: &GroupName,
 ) -> Result<Option<EffectiveInstall>, QueueError> {
-    let row: Option<(i64, Vec<String>)> = sqlx::query_as(
-        "SELECT position, patterns FROM effective_declaration WHERE group_name = $1",
-    )
-    .bind(group.as_str())
-    .fetch_optional(conn)
-    .await?;
+    let row: Option<(i64, Vec<String>)> = sqlx::query_as(INSTALL_IN_EFFECT)
+        .bind(group.as_str())
+        .fetch_optional(conn)
+        .await?;
     Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
 }
 
