@@ -309,7 +309,7 @@ pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {
                 .collect(),
             ..DeepReport::default()
         });
-    let store = state.read_model().store().clone();
+    let store = state.probe_read_model().store().clone();
     let backend = store.backend();
     let reachable =
         match tokio::time::timeout(state.ready_timeout_value(), store.schema_version()).await {
@@ -351,7 +351,7 @@ async fn heartbeats(state: &ApiState, consumers: &mut [ConsumerReport]) {
             let Ok(name) = wharf_domain::GroupName::parse("group", &group) else {
                 continue;
             };
-            if let Ok(Some(view)) = state.read_model().group_members(&name, &query).await {
+            if let Ok(Some(view)) = state.probe_read_model().group_members(&name, &query).await {
                 seen.extend(
                     view.instances
                         .into_iter()

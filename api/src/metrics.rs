@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
 use wharf_metrics::prometheus::core::Collector;
 use wharf_metrics::prometheus::proto::MetricFamily;
 use wharf_metrics::prometheus::{Gauge, GaugeVec, IntCounterVec, Opts, Registry};
@@ -73,25 +74,33 @@ fn ok<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> Option<T> {
 impl StoreCollector {
     async fn read(&self, timeout: Duration) -> StoreReading {
         // The listing catches up first; the lag read after it shows what catch-up left behind.
-        let declarations = async {
-            let groups = ok("groups", self.read_model.groups().await);
-            let lag = ok("projection lag", self.read_model.projection_lag().await);
+        let (read_model, queue) = (self.read_model.clone(), self.queue.clone());
+        let declarations = async move {
+            let groups = ok("groups", read_model.groups().await);
+            let lag = ok("projection lag", read_model.projection_lag().await);
             (groups, lag)
         };
-        let reads = async {
+        let reads = async move {
             tokio::join!(
                 declarations,
-                async { ok("group queues", self.queue.group_stats(None).await) },
-                async { ok("topics", self.queue.topic_stats().await) },
+                async { ok("group queues", queue.group_stats(None).await) },
+                async { ok("topics", queue.topic_stats().await) },
             )
         };
+        // Past the scrape timeout the reads go on to their end in their task, so none is
+        // dropped mid-statement holding its connection (ADR 0067).
+        let reads = tokio::spawn(reads.instrument(tracing::Span::current()));
         match tokio::time::timeout(timeout, reads).await {
-            Ok(((groups, lag), queues, topics)) => StoreReading {
+            Ok(Ok(((groups, lag), queues, topics))) => StoreReading {
                 groups,
                 lag,
                 queues,
                 topics,
             },
+            Ok(Err(failed)) => {
+                tracing::warn!(error = %failed, "the /metrics store reads failed");
+                StoreReading::default()
+            }
             Err(_) => {
                 tracing::warn!(
                     timeout = ?timeout,

@@ -8,11 +8,12 @@
 //! - **Request timeout** and **concurrency limit**: a middleware waits for one of
 //!   `max_concurrent_requests` permits and runs the handler, both within `request_timeout`;
 //!   past it the answer is the JSON error `timeout` (503).
-//! - **Store-read limit** (ADR 0059): a request that reads the store (every path but the
-//!   probes and the OpenAPI document) also waits for one of `max_concurrent_reads` permits,
-//!   first come first served, within the same `request_timeout`. Reads beyond what the
-//!   database can run at once only lengthen each other's tail; queued here, each runs at full
-//!   speed once it starts.
+//! - **Store-read limit** (ADRs 0059, 0067): reads beyond what the database can run at once
+//!   only lengthen each other's tail; queued, each runs at full speed once it starts. On
+//!   Postgres the API reads through a pool of its own of `max_concurrent_reads` connections,
+//!   each statement ended by the server after `request_timeout`; on SQLite a request that
+//!   reads the store (every path but the probes and the OpenAPI document) waits for one of
+//!   `max_concurrent_reads` permits, first come first served. Both within `request_timeout`.
 //! - **Body limit**: a declared `Content-Length` above `max_body_bytes` is refused with 413
 //!   before any of the body is read; every endpoint is a GET and reads no body.
 //! - **Connection limit**: at most `max_connections` connections are served; the accept loop
@@ -35,6 +36,9 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::ServiceExt;
+use tracing::Instrument;
+
+use wharf_store::Store;
 
 use crate::error::ApiError;
 use crate::state::ApiState;
@@ -54,7 +58,8 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// The most requests handled at once.
     pub max_concurrent_requests: usize,
-    /// The most requests reading the store at once (probes and the OpenAPI document aside).
+    /// The most store reads at once: on Postgres the API's own pool (ADR 0067), on SQLite
+    /// permits for every request but the probes and the OpenAPI document.
     pub max_concurrent_reads: usize,
 }
 
@@ -84,17 +89,35 @@ impl Default for HttpLimits {
 
 struct Bounds {
     permits: Semaphore,
-    reads: Semaphore,
+    /// The store-read permits, on SQLite; `None` on Postgres, where the API's own pool is the
+    /// bound.
+    reads: Option<Semaphore>,
     request_timeout: Duration,
     max_body_bytes: u64,
 }
 
 /// The API's router with the request-level bounds (body limit, concurrency limit, request
-/// timeout) applied; [`serve_with`] adds the connection-level ones.
+/// timeout, store reads at once) applied; [`serve_with`] adds the connection-level ones.
+///
+/// On Postgres the state's reads move to a pool of the API's own, `max_concurrent_reads`
+/// connections whose statements end with `request_timeout` (ADR 0067): the bound holds where
+/// the reads run, and a request's own work (decoding, JSON) does not hold a database slot.
+/// On SQLite a request that reads the store holds one of `max_concurrent_reads` permits.
 pub fn bounded_router(state: ApiState, limits: &HttpLimits) -> Router {
+    let max_reads = limits.max_concurrent_reads.max(1);
+    let (state, reads) = match state.read_model().store() {
+        Store::Postgres(pg) => {
+            let own = pg.with_own_pool(
+                u32::try_from(max_reads).unwrap_or(u32::MAX),
+                limits.request_timeout,
+            );
+            (state.reading_through(Store::Postgres(own)), None)
+        }
+        Store::Sqlite(_) => (state, Some(Semaphore::new(max_reads))),
+    };
     let bounds = Arc::new(Bounds {
         permits: Semaphore::new(limits.max_concurrent_requests.max(1)),
-        reads: Semaphore::new(limits.max_concurrent_reads.max(1)),
+        reads,
         request_timeout: limits.request_timeout,
         max_body_bytes: limits.max_body_bytes,
     });
@@ -124,15 +147,26 @@ async fn bound_request(
     let reads_store = reads_store(request.uri().path());
     let work = async {
         let _permit = bounds.permits.acquire().await;
-        let _read = if reads_store {
-            Some(bounds.reads.acquire().await)
-        } else {
-            None
+        let _read = match &bounds.reads {
+            Some(reads) if reads_store => Some(reads.acquire().await),
+            _ => None,
         };
-        next.run(request).await
+        if !reads_store {
+            return Ok(next.run(request).await);
+        }
+        // A store read runs to its end in a task of its own, even when the request times out
+        // (its permits go back then, as before) or its client goes: a read dropped
+        // mid-statement can keep its pool connection for good (sqlx 0.8 gives it back only
+        // after a round trip that can hang; ADR 0067), where one that ends gives it back. On
+        // Postgres the API's statements end by `statement_timeout` at the latest.
+        tokio::spawn(next.run(request).instrument(tracing::Span::current())).await
     };
     match tokio::time::timeout(bounds.request_timeout, work).await {
-        Ok(response) => response,
+        Ok(Ok(response)) => response,
+        Ok(Err(failed)) => {
+            tracing::error!(error = %failed, "a request's handler failed");
+            ApiError::Internal(Box::new(failed)).into_response()
+        }
         Err(_) => ApiError::TimedOut {
             after: bounds.request_timeout,
         }

@@ -176,6 +176,9 @@ pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct ApiState {
     read_model: ReadModel,
+    /// The read model the state was made with, which the probes read through: on Postgres the
+    /// store's own pool, never the API's (ADR 0067), so a probe does not wait behind reads.
+    probe_reads: ReadModel,
     queue: Queue,
     readiness: Arc<dyn ReadinessProbe>,
     ready_timeout: Duration,
@@ -201,6 +204,7 @@ impl ApiState {
     pub fn with_readiness(read_model: ReadModel, probe: impl ReadinessProbe) -> Self {
         let queue = Queue::new(read_model.store().clone(), QueueSettings::default());
         Self {
+            probe_reads: read_model.clone(),
             read_model,
             queue,
             readiness: Arc::new(probe),
@@ -241,6 +245,22 @@ impl ApiState {
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
         self
+    }
+
+    /// The same state with its reads (the read model's, the queue's figures and dead letters,
+    /// the scrape's) on `store`, a handle on the same store: [`crate::bounded_router`] passes
+    /// the API's own pool on Postgres (ADR 0067). The readiness probe keeps the store it was
+    /// made with.
+    pub(crate) fn reading_through(mut self, store: Store) -> Self {
+        self.read_model = ReadModel::new(store.clone(), self.read_model.instance_ttl());
+        self.queue = Queue::new(store, *self.queue.settings());
+        self
+    }
+
+    /// The read model the probes (the deep health report) read through: the one the state was
+    /// made with.
+    pub(crate) fn probe_read_model(&self) -> &ReadModel {
+        &self.probe_reads
     }
 
     /// Replaces the queue the topic and group figures and the dead letters are read through.

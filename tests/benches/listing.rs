@@ -15,8 +15,8 @@
 //! schema is printed) for `EXPLAIN` by hand; drop it when done.
 //!
 //! The real API (`wharf_api::serve_with` on a loopback port 0) answers each case, its bound
-//! on store reads at once (`http.max_concurrent_reads`, ADR 0059) at its default or
-//! `WHARF_BENCH_READS`; each case is `WHARF_BENCH_REQUESTS` requests (default 2,000) over
+//! on store reads at once (`http.max_concurrent_reads`: on Postgres its own pool, ADR 0067;
+//! on SQLite permits, ADR 0059) at its default or `WHARF_BENCH_READS`; each case is `WHARF_BENCH_REQUESTS` requests (default 2,000) over
 //! `WHARF_BENCH_CONNECTIONS` keep-alive connections (default 8, like wrk), the body read in
 //! full; the baseline is the same read as one statement building the same page as JSON in the
 //! database (`listing/baseline.rs`), over as many concurrent tasks. Each case first makes four

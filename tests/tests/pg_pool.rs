@@ -115,3 +115,84 @@ async fn every_connection_runs_without_jit_and_keeps_the_url_s_own_options() {
     );
     assert_eq!(setting(wharf.store(), "statement_timeout").await, "4321ms");
 }
+
+/// A pool of the store's own (what the API reads through, ADR 0067): the same schema and
+/// options, at most its own count of connections, and every statement ended by the server
+/// after its timeout, so a read its caller gave up on gives its connection back.
+#[tokio::test]
+async fn a_pool_of_its_own_bounds_its_connections_and_ends_a_stuck_statement() {
+    let ts = TestStore::new(Backend::Postgres).await;
+    let Store::Postgres(pg) = &ts.store else {
+        panic!("a Postgres store")
+    };
+    let own = Store::Postgres(pg.with_own_pool(1, Duration::from_millis(400)));
+    assert_eq!(setting(&own, "statement_timeout").await, "400ms");
+    assert_eq!(setting(&own, "jit").await, "off");
+    let Store::Postgres(own_pg) = &own else {
+        unreachable!()
+    };
+    // The same schema: its tables answer.
+    let groups: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM consumer_group")
+        .fetch_one(own_pg.pool())
+        .await
+        .expect("the store's tables");
+    assert_eq!(groups, 0);
+    // The store's own pool is not this one's setting.
+    assert_ne!(setting(&ts.store, "statement_timeout").await, "400ms");
+
+    // A statement blocked by another session's lock ends with the timeout, not the lock.
+    let mut locker = wharf_tests::other_session(&ts).await;
+    sqlx::query("BEGIN").execute(&mut locker).await.unwrap();
+    sqlx::query("LOCK TABLE consumer_group IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let blocked = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM consumer_group")
+        .fetch_one(own_pg.pool())
+        .await
+        .expect_err("the blocked read is cancelled");
+    let code = blocked
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("57014"), "query_canceled: {blocked}");
+
+    // Its only connection is busy while a read waits on the lock: a second caller waits for
+    // it, and gets it once the first read's statement has been ended.
+    let first = {
+        let pool = own_pg.pool().clone();
+        tokio::spawn(async move {
+            sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM consumer_group")
+                .fetch_one(&pool)
+                .await
+        })
+    };
+    wharf_tests::wait_until(
+        "the first read waits on the lock",
+        Duration::from_secs(20),
+        || {
+            let pool = pg.pool().clone();
+            async move {
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND query LIKE 'SELECT COUNT(*) FROM consumer_group%'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+                    > 0
+            }
+        },
+    )
+    .await;
+    let second: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(own_pg.pool())
+        .await
+        .expect("the connection comes back once the first statement ends");
+    assert_eq!(second, 1);
+    assert!(
+        first.await.unwrap().is_err(),
+        "the first read was cancelled"
+    );
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+}

@@ -196,6 +196,33 @@ impl PgStore {
         )
     }
 
+    /// A handle on the same store over a pool of its own: at most `max_connections` (at least
+    /// one), each waited for as long as the store's (at most `timeout`), and every statement
+    /// on them cancelled by the server after `timeout` (`statement_timeout`). For a caller that bounds its reads where
+    /// they run, apart from the claim loops and routers on [`pool`](Self::pool): the API
+    /// (ADR 0067). A read its caller gave up on ends in the database too, and gives its
+    /// connection back, instead of holding it until whatever blocks it goes.
+    pub fn with_own_pool(&self, max_connections: u32, timeout: Duration) -> Self {
+        let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
+        let options = self
+            .listen
+            .options
+            .clone()
+            .options([("statement_timeout", millis.to_string())]);
+        Self {
+            pool: build_pool(
+                options,
+                self.listen.schema.clone(),
+                max_connections.max(1),
+                self.listen.acquire_timeout.min(timeout),
+            ),
+            listen: self.listen.clone(),
+            projectors: self.projectors.clone(),
+            clock: self.clock.clone(),
+            kept: Arc::default(),
+        }
+    }
+
     /// The inline projectors this store runs on every append.
     pub fn projectors(&self) -> &[Arc<dyn PgProjector>] {
         &self.projectors

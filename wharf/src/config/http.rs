@@ -32,9 +32,11 @@ pub struct HttpConfig {
     pub max_connections: u32,
     /// The most requests handled at once; further ones wait (within `request_timeout`).
     pub max_concurrent_requests: u32,
-    /// The most requests reading the store at once (all but the probes and the OpenAPI
-    /// document); further ones wait, first come first served, within `request_timeout`
-    /// (ADR 0059). Default: this host's cores plus one, at most 64.
+    /// The most store reads at once; further ones wait within `request_timeout` (ADR 0059).
+    /// On Postgres, the size of the API's own connection pool, beside `store.max_connections`,
+    /// whose statements end after `request_timeout` (ADR 0067); on SQLite, permits for every
+    /// request but the probes and the OpenAPI document. Default: this host's cores plus one,
+    /// at most 64.
     pub max_concurrent_reads: u32,
     /// How long a `/metrics` scrape waits for the store's figures; past it `wharf_store_up` is
     /// 0 and the process counters are served without them. Below `request_timeout`.
