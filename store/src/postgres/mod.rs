@@ -61,9 +61,9 @@ impl PgSettings {
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// How to open a connection for a `LISTEN`, outside the pool: held for as long as a
-    /// listener runs, it must not take one of `max_connections` (with a pool of one it would
-    /// take them all).
+    /// How to open connections outside the pool: for a `LISTEN`, held for as long as a
+    /// listener runs, which must not take one of `max_connections` (with a pool of one it
+    /// would take them all), and for a pool of a caller's own (`with_own_pool`).
     listen: Arc<ListenSettings>,
     projectors: Arc<Vec<Arc<dyn PgProjector>>>,
     /// The store's clock as this process last heard it, shared by the handle's clones: what a
@@ -198,10 +198,11 @@ impl PgStore {
 
     /// A handle on the same store over a pool of its own: at most `max_connections` (at least
     /// one), each waited for as long as the store's (at most `timeout`), and every statement
-    /// on them cancelled by the server after `timeout` (`statement_timeout`). For a caller that bounds its reads where
-    /// they run, apart from the claim loops and routers on [`pool`](Self::pool): the API
-    /// (ADR 0067). A read its caller gave up on ends in the database too, and gives its
-    /// connection back, instead of holding it until whatever blocks it goes.
+    /// on them cancelled by the server after `timeout` (`statement_timeout`). For a caller
+    /// that bounds its reads where they run, apart from the claim loops and routers on
+    /// [`pool`](Self::pool): the API (ADR 0067). A read its caller gave up on ends in the
+    /// database too, and gives its connection back, instead of holding it until whatever
+    /// blocks it goes.
     pub fn with_own_pool(&self, max_connections: u32, timeout: Duration) -> Self {
         let millis = timeout.as_millis().clamp(1, i32::MAX as u128);
         let options = self
