@@ -56,8 +56,11 @@ pub mod plans {
     pub const ROUTE_SLICE: &str = crate::postgres::ROUTE_SLICE;
     /// A routing step's unlocked first look on Postgres (`$1` the group).
     pub const ROUTE_LOOK: &str = crate::postgres::SETTLED_LOOK;
-    /// The install in effect for a group on Postgres (`$1` the group): what a routing step
-    /// matches with and a claim's fence is checked against.
+    /// The install in effect on Postgres that a routing step matches with (`$1` the group,
+    /// `$2` its topic, from the group row the step holds).
+    pub const INSTALL_ON_TOPIC: &str = crate::postgres::INSTALL_ON_TOPIC;
+    /// The install in effect for a group on Postgres (`$1` the group), for a caller that does
+    /// not hold the group's row.
     pub const INSTALL_IN_EFFECT: &str = crate::postgres::INSTALL_IN_EFFECT;
     /// A listing's queue figures on Postgres, what `wharf_group_figures` runs (`$1` the groups).
     pub const GROUP_FIGURES: &str = crate::postgres::GROUP_FIGURES_SQL;

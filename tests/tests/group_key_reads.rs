@@ -93,18 +93,28 @@ async fn filled(
     conn
 }
 
-/// The root of `sql`'s plan for group `group`, run under plan cache mode `mode`.
-async fn explain(conn: &mut sqlx::PgConnection, mode: &str, sql: &str, group: &str) -> Value {
+/// The root of `sql`'s plan for group `group` (and its topic, when `sql` takes it as `$2`),
+/// run under plan cache mode `mode`.
+async fn explain(
+    conn: &mut sqlx::PgConnection,
+    mode: &str,
+    sql: &str,
+    group: &str,
+    takes_topic: bool,
+) -> Value {
     sqlx::query(&format!("SET plan_cache_mode = {mode}"))
         .execute(&mut *conn)
         .await
         .unwrap();
-    let (plan,): (Value,) =
-        sqlx::query_as(&format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}"))
-            .bind(group)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("explaining {sql}: {e}"));
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let mut query = sqlx::query_as::<_, (Value,)>(&explain).bind(group);
+    if takes_topic {
+        query = query.bind("orders");
+    }
+    let (plan,) = query
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("explaining {sql}: {e}"));
     plan[0]["Plan"].clone()
 }
 
@@ -113,28 +123,43 @@ async fn explain(conn: &mut sqlx::PgConnection, mode: &str, sql: &str, group: &s
 async fn each_read_descends_the_key(statistics: Statistics) {
     let test = TestStore::new(Backend::Postgres).await;
     let mut conn = filled(&test, statistics).await;
+    // (what, statement, rows on a declared group, whether it takes the topic as `$2`)
     let reads = [
-        ("the binding rows", wharf_projections::rows::PG_BINDINGS, 2),
+        (
+            "the binding rows",
+            wharf_projections::rows::PG_BINDINGS,
+            2,
+            false,
+        ),
         (
             "the declarations' 404 check",
             wharf_projections::rows::PG_IS_DECLARED,
             1,
+            false,
         ),
         (
             "a routing step's first look",
             wharf_queue::plans::ROUTE_LOOK,
             1,
+            false,
+        ),
+        (
+            "a routing step's install",
+            wharf_queue::plans::INSTALL_ON_TOPIC,
+            1,
+            true,
         ),
         (
             "the install in effect",
             wharf_queue::plans::INSTALL_IN_EFFECT,
             1,
+            false,
         ),
     ];
-    for (what, sql, rows) in reads {
+    for (what, sql, rows, takes_topic) in reads {
         for mode in ["force_custom_plan", "force_generic_plan"] {
             for group in ["g7", "g99999", "g0"] {
-                let root = explain(&mut conn, mode, sql, group).await;
+                let root = explain(&mut conn, mode, sql, group, takes_topic).await;
                 let context = format!("{what} ({statistics:?}, {mode}, {group})");
                 if group != "g0" {
                     assert_eq!(root["Actual Rows"], rows, "{context}: rows");

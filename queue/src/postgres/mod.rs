@@ -14,7 +14,8 @@ pub(crate) use claim::{
 pub(crate) use publish::publish;
 pub(crate) use retention::retain;
 pub(crate) use route::{
-    effective_install, route, INSTALL_IN_EFFECT, SETTLED_LOOK, SLICE as ROUTE_SLICE,
+    effective_install, route, INSTALL_IN_EFFECT, INSTALL_ON_TOPIC, SETTLED_LOOK,
+    SLICE as ROUTE_SLICE,
 };
 pub(crate) use stats::{group_stats, group_stats_of, swaps, topic_stats, GROUP_FIGURES_SQL};
 pub(crate) use swap::OnLocked;

@@ -31,8 +31,13 @@ pub(crate) const SETTLED_LOOK: &str = "SELECT g.routed_position, COALESCE(t.head
      FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
      WHERE g.group_name = $1";
 
-/// The install in effect for group `$1`: its position and patterns, read by group and topic
-/// (the topic from the group's row, ADR 0066), as [`SETTLED_LOOK`] reads it.
+/// The install in effect for group `$1` on topic `$2`: its position and patterns, read by
+/// group and topic (ADR 0066). A routing step passes the topic of the group row it holds.
+pub(crate) const INSTALL_ON_TOPIC: &str = "SELECT position, patterns \
+     FROM effective_declaration WHERE group_name = $1 AND topic = $2";
+
+/// The install in effect for group `$1`, for a caller that does not hold the group's row:
+/// [`INSTALL_ON_TOPIC`] with the topic read from it.
 pub(crate) const INSTALL_IN_EFFECT: &str = "SELECT e.position, e.patterns \
      FROM effective_declaration e WHERE e.group_name = $1 \
      AND e.topic = (SELECT g.topic FROM consumer_group g WHERE g.group_name = $1)";
@@ -87,7 +92,12 @@ pub(crate) async fn route(
     };
     // Read under the group row lock, which the swap also takes: the install cannot change
     // until this step commits.
-    let Some(install) = read_install(&mut tx, group).await? else {
+    let install: Option<(i64, Vec<String>)> = sqlx::query_as(INSTALL_ON_TOPIC)
+        .bind(group.as_str())
+        .bind(&cursor.topic)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(install) = install.map(as_install) else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
     QueueError::check_fence(group.as_str(), fence, Some(install.position))?;
@@ -185,16 +195,9 @@ async fn read_range(
         .await?)
 }
 
-/// The install in effect, read in `conn`'s transaction.
-async fn read_install(
-    conn: &mut sqlx::PgConnection,
-    group: &GroupName,
-) -> Result<Option<EffectiveInstall>, QueueError> {
-    let row: Option<(i64, Vec<String>)> = sqlx::query_as(INSTALL_IN_EFFECT)
-        .bind(group.as_str())
-        .fetch_optional(conn)
-        .await?;
-    Ok(row.map(|(position, patterns)| EffectiveInstall { position, patterns }))
+/// An install read as `(position, patterns)`.
+fn as_install((position, patterns): (i64, Vec<String>)) -> EffectiveInstall {
+    EffectiveInstall { position, patterns }
 }
 
 /// Postgres gave up waiting for a lock (`lock_timeout`, SQLSTATE 55P03).
@@ -230,6 +233,9 @@ pub(crate) async fn effective_install(
     store: &PgStore,
     group: &GroupName,
 ) -> Result<Option<EffectiveInstall>, QueueError> {
-    let mut conn = store.pool().acquire().await?;
-    read_install(&mut conn, group).await
+    let row: Option<(i64, Vec<String>)> = sqlx::query_as(INSTALL_IN_EFFECT)
+        .bind(group.as_str())
+        .fetch_optional(store.pool())
+        .await?;
+    Ok(row.map(as_install))
 }
