@@ -22,6 +22,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
+use wharf_store::finish_within;
 
 use crate::state::{ApiState, HealthStatus};
 
@@ -311,15 +312,13 @@ pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {
         });
     let store = state.probe_read_model().store().clone();
     let backend = store.backend();
-    let reachable =
-        match tokio::time::timeout(state.ready_timeout_value(), store.schema_version()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("{backend} store: {e}")),
-            Err(_) => Err(format!(
-                "{backend} store: no answer within {:?}",
-                state.ready_timeout_value()
-            )),
-        };
+    // Past the deadline the read goes on to its end in its task (ADR 0068).
+    let version = async move { store.schema_version().await };
+    let reachable = match finish_within(state.ready_timeout_value(), version).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("{backend} store: {e}")),
+        Err(unanswered) => Err(format!("{backend} store: {unanswered}")),
+    };
     let mut report = report;
     if reachable.is_ok() {
         heartbeats(&state, &mut report.consumers).await;
@@ -345,13 +344,14 @@ async fn heartbeats(state: &ApiState, consumers: &mut [ConsumerReport]) {
         limit: 1_000,
         ..wharf_projections::MemberQuery::default()
     };
-    let reads = async {
+    let read_model = state.probe_read_model().clone();
+    let reads = async move {
         let mut seen = Vec::new();
         for group in groups {
             let Ok(name) = wharf_domain::GroupName::parse("group", &group) else {
                 continue;
             };
-            if let Ok(Some(view)) = state.probe_read_model().group_members(&name, &query).await {
+            if let Ok(Some(view)) = read_model.group_members(&name, &query).await {
                 seen.extend(
                     view.instances
                         .into_iter()
@@ -361,7 +361,7 @@ async fn heartbeats(state: &ApiState, consumers: &mut [ConsumerReport]) {
         }
         seen
     };
-    let Ok(seen) = tokio::time::timeout(state.ready_timeout_value(), reads).await else {
+    let Ok(seen) = finish_within(state.ready_timeout_value(), reads).await else {
         return;
     };
     for consumer in consumers.iter_mut().filter(|c| c.last_heartbeat.is_none()) {

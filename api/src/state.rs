@@ -324,7 +324,11 @@ impl ApiState {
     /// Runs the readiness probe's checks, bounded by the ready timeout (a probe that does not
     /// finish is the failing check `readiness:duration`).
     pub async fn check_health(&self) -> Vec<HealthCheck> {
-        match tokio::time::timeout(self.ready_timeout, self.readiness.checks()).await {
+        // Past the timeout the probe goes on to its end in its task: a store call dropped
+        // mid-statement can cost the pool its connection for good (ADR 0068).
+        let readiness = self.readiness.clone();
+        let probe = async move { readiness.checks().await };
+        match wharf_store::finish_within(self.ready_timeout, probe).await {
             Ok(mut checks) => {
                 if let Some(source) = &self.sessions {
                     checks.push(crate::sessions::readiness(source.as_ref()));

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wharf_domain::{GroupName, TopicName, ValidationError};
-use wharf_store::Store;
+use wharf_store::{Finishing, Store};
 
 use postgres::OnLocked;
 
@@ -205,7 +205,14 @@ impl Queue {
         match &self.store {
             Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch, fence).await,
             Store::Postgres(s) => {
-                postgres::route(s, &self.matchers, group, batch, fence, on_locked).await
+                // A step runs to its end even if its caller is dropped meanwhile (a fetch's
+                // deadline): dropped mid-transaction, its connection could be lost to the
+                // pool (ADR 0068). The caller's next steps are not taken.
+                let (store, matchers, group) = (s.clone(), self.matchers.clone(), group.clone());
+                Finishing::new(async move {
+                    postgres::route(&store, &matchers, &group, batch, fence, on_locked).await
+                })
+                .await
             }
         }
     }

@@ -14,6 +14,7 @@
 //! Architecture invariant: this crate knows nothing of what events mean. It never parses a
 //! payload; the domain decides, the projections interpret.
 
+pub mod deadline;
 pub mod error;
 pub mod event;
 pub mod executor;
@@ -28,6 +29,7 @@ pub mod sqlite;
 
 use chrono::{DateTime, Utc};
 
+pub use deadline::{finish_by, finish_within, Finishing, Unanswered};
 pub use error::StoreError;
 pub use event::{
     EventQuery, EventRef, Heartbeat, InstanceRecord, NewEvent, Payload, RecordedEvent,

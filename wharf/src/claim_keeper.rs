@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 use wharf_queue::{Claimed, ExtendOutcome, Queue};
+use wharf_store::Finishing;
 
 /// How a consumer keeps its claims.
 #[derive(Debug, Clone, Copy)]
@@ -55,7 +56,14 @@ pub(crate) async fn keep_claim(queue: &Queue, message: &Claimed, policy: KeepPol
             return KeeperEnd::HoldLimit;
         }
         tokio::time::sleep_until(next).await;
-        match queue.extend(message, policy.visibility_timeout).await {
+        // The handler may end while an extension is in flight: the race drops this loop, not
+        // the extension's statement, which runs to its end on its own (ADR 0068).
+        let (extending, claimed) = (queue.clone(), message.clone());
+        let extension =
+            Finishing::new(
+                async move { extending.extend(&claimed, policy.visibility_timeout).await },
+            );
+        match extension.await {
             Ok(ExtendOutcome::Extended { visible_at }) => debug!(%visible_at, "claim extended"),
             Ok(ExtendOutcome::ClaimLost) => {
                 warn!(

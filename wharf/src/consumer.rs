@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tracing::{error, info, warn, Instrument};
 use wharf_domain::{BindingSet, DeclarerId, RegisterOutcome};
 use wharf_queue::{EffectiveInstall, Queue};
-use wharf_store::Store;
+use wharf_store::{finish_by, finish_within, Store};
 
 use crate::config::DeclarationConfig;
 use crate::declare::{Attempter, GroupStates, Registration};
@@ -296,18 +296,41 @@ impl Lifecycle {
 
     /// Removes this instance's heartbeat row, so the group stops counting it as live.
     async fn leave(&self) {
-        let group = self.registration.group.as_str();
+        let (store, group) = (self.store.clone(), self.registration.group.clone());
+        let declarer = self.declarer.clone();
         let deadline = Instant::now() + self.settings.call_deadline();
-        let left = bounded(
-            "leave",
-            deadline,
-            self.store.leave(group, self.declarer.as_str()),
-        );
+        let left = bounded("leave", deadline, async move {
+            store.leave(group.as_str(), declarer.as_str()).await
+        });
         match left.await {
             Ok(_) => info!("left the group's live instances"),
             Err(reason) => {
                 warn!(%reason, "could not remove the heartbeat row; it lapses after the TTL")
             }
+        }
+    }
+
+    /// One Register attempt (with a heartbeat), owning what it needs, so that a caller past
+    /// its deadline can let it run to its end (ADR 0068).
+    fn attempt(
+        &self,
+        first_declared_at: Option<DateTime<Utc>>,
+    ) -> impl Future<Output = Result<RegisterOutcome, WharfError>> + Send + 'static {
+        let (store, states) = (self.store.clone(), self.states.clone());
+        let (declarer, registration) = (self.declarer.clone(), self.registration.clone());
+        let (instance_ttl, snapshot_every) =
+            (self.settings.instance_ttl, self.settings.snapshot_every);
+        async move {
+            let attempter = Attempter {
+                store: &store,
+                states: &states,
+                declarer: &declarer,
+                instance_ttl,
+                snapshot_every,
+            };
+            attempter
+                .attempt(&registration, true, first_declared_at)
+                .await
         }
     }
 
@@ -325,17 +348,10 @@ impl Lifecycle {
                 return None;
             }
             attempts += 1;
-            let attempter = Attempter {
-                store: &self.store,
-                states: &self.states,
-                declarer: &self.declarer,
-                instance_ttl: self.settings.instance_ttl,
-                snapshot_every: self.settings.snapshot_every,
-            };
             let sent = Instant::now();
-            let outcome = tokio::time::timeout(
+            let outcome = finish_within(
                 self.settings.call_deadline(),
-                attempter.attempt(&self.registration, true, *first_declared_at),
+                self.attempt(*first_declared_at),
             )
             .await;
             match outcome {
@@ -403,11 +419,10 @@ impl Lifecycle {
     async fn learn_install(&self, sent: Instant) -> Result<Joined, NotJoined> {
         let lapse = sent + self.settings.instance_ttl;
         let deadline = (Instant::now() + self.settings.call_deadline()).min(lapse);
-        let current = bounded(
-            "reading the group's install",
-            deadline,
-            self.queue.effective_install(&self.registration.group),
-        )
+        let (queue, group) = (self.queue.clone(), self.registration.group.clone());
+        let current = bounded("reading the group's install", deadline, async move {
+            queue.effective_install(&group).await
+        })
         .await
         .map_err(NotJoined::Stalled)?;
         match current {
@@ -485,16 +500,17 @@ impl Lifecycle {
             }
             let sent = Instant::now();
             let deadline = (sent + call).min(lapse);
-            let beat = bounded(
-                "heartbeat",
-                deadline,
-                self.store.heartbeat(group.as_str(), self.declarer.as_str()),
-            )
+            let (store, declarer, beating) =
+                (self.store.clone(), self.declarer.clone(), group.clone());
+            let beat = bounded("heartbeat", deadline, async move {
+                store.heartbeat(beating.as_str(), declarer.as_str()).await
+            })
             .await;
             let checked = match beat {
                 Ok(true) => {
                     let deadline = (Instant::now() + call).min(lapse);
-                    let read = self.queue.effective_install(group);
+                    let (queue, group) = (self.queue.clone(), group.clone());
+                    let read = async move { queue.effective_install(&group).await };
                     bounded("reading the group's install", deadline, read)
                         .await
                         .map(Some)
@@ -551,12 +567,18 @@ impl Lifecycle {
 }
 
 /// Runs one store call with a deadline; the error says what failed or that it timed out.
-async fn bounded<T, E: Display>(
+/// Past the deadline the call goes on to its end unobserved, never dropped mid-statement
+/// (ADR 0068).
+async fn bounded<T, E>(
     what: &str,
     deadline: Instant,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, String> {
-    match tokio::time::timeout_at(deadline, call).await {
+    call: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, String>
+where
+    T: Send + 'static,
+    E: Display + Send + 'static,
+{
+    match finish_by(deadline, call).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(format!("{what} failed: {e}")),
         Err(_) => Err(no_answer(what)),

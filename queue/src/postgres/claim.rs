@@ -11,7 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use wharf_domain::GroupName;
-use wharf_store::PgStore;
+use wharf_store::{Finishing, PgStore};
 
 use super::headers_json;
 use crate::error::QueueError;
@@ -161,17 +161,25 @@ pub(crate) async fn claim(
         Some(connection) => connection,
         None => store.pool().acquire().await?,
     };
-    let settling: Vec<SettlingClaimRow> = sqlx::query_as(CLAIM)
-        .bind(group.as_str())
-        .bind(max)
-        .bind(instance)
-        .bind(token)
-        .bind(visibility)
-        .bind(fence)
-        .bind(&positions)
-        .bind(&tokens)
-        .fetch_all(&mut *connection)
-        .await?;
+    // The statement runs to its end even if this fetch is dropped meanwhile (a deadline):
+    // dropped mid-statement, its connection could be lost to the pool (ADR 0068).
+    let (group_text, instance_text) = (group.as_str().to_owned(), instance.to_owned());
+    let statement = Finishing::new(async move {
+        let settling = sqlx::query_as::<_, SettlingClaimRow>(CLAIM)
+            .bind(group_text)
+            .bind(max)
+            .bind(instance_text)
+            .bind(token)
+            .bind(visibility)
+            .bind(fence)
+            .bind(positions)
+            .bind(tokens)
+            .fetch_all(&mut *connection)
+            .await;
+        (connection, settling)
+    });
+    let (connection, settling) = statement.await;
+    let settling = settling?;
     let mut rows: Vec<ClaimRow> = Vec::with_capacity(settling.len());
     let mut acked = HashSet::new();
     for row in settling {
@@ -208,7 +216,15 @@ pub(crate) async fn claim(
         let groups: Vec<&str> = missed.iter().map(|_| group.as_str()).collect();
         let positions: Vec<i64> = missed.iter().map(|k| k.0).collect();
         let tokens: Vec<i64> = missed.iter().map(|k| k.1).collect();
-        let settled = settle_set_aside(store, &groups, &positions, &tokens).await?;
+        let (groups, store_handle): (Vec<String>, PgStore) = (
+            groups.iter().map(|g| (*g).to_owned()).collect(),
+            store.clone(),
+        );
+        let settled = Finishing::new(async move {
+            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            settle_set_aside(&store_handle, &groups, &positions, &tokens).await
+        })
+        .await?;
         acked.extend(
             settled
                 .into_iter()
@@ -221,9 +237,14 @@ pub(crate) async fn claim(
         // the token still fences them, and the dead letter records the claims really handed
         // out.
         let positions: Vec<i64> = exhausted.iter().map(|row| row.0).collect();
-        let mut tx = begin_keyed(store).await?;
-        bury(&mut tx, group, &positions, token, 1).await?;
-        tx.commit().await?;
+        let (store_handle, burying) = (store.clone(), group.clone());
+        Finishing::new(async move {
+            let mut tx = begin_keyed(&store_handle).await?;
+            bury(&mut tx, &burying, &positions, token, 1).await?;
+            tx.commit().await?;
+            Ok::<(), QueueError>(())
+        })
+        .await?;
     }
     let claimed = live
         .into_iter()
