@@ -157,3 +157,44 @@ on_both_backends!(
     fence_after_acks,
     a_fence_failure_after_the_acks_still_reports_them
 );
+
+/// Large batches: 600 claimed at once, each handed out once with its own subject, then all
+/// 600 acked by the next fetch, which claims the rest, with a stale ack among them still
+/// reported lost in its place.
+async fn batches_wider_than_one_statement(backend: Backend) {
+    let store = TestStore::new(backend).await;
+    declare(&store, "a", "t", &["job/+"]).await;
+    let queue = queue(&store, Duration::from_secs(30));
+    let batch: Vec<_> = (0..700).map(|i| msg(&format!("job/{i}"))).collect();
+    queue.publish(&topic("t"), &batch).await.unwrap();
+    let first = queue.fetch(&group("a"), "x", 600).await.unwrap();
+    let positions: Vec<i64> = first.iter().map(|m| m.position).collect();
+    assert_eq!(positions, (1..=600).collect::<Vec<i64>>());
+    for m in &first {
+        assert_eq!(m.subject, format!("job/{}", m.position - 1), "{m:?}");
+    }
+
+    let mut carried = first.clone();
+    let mut stale = first[299].clone();
+    stale.claim_token = stale.claim_token.wrapping_add(1);
+    carried.insert(300, stale);
+    let next = queue
+        .ack_and_fetch(&carried, &group("a"), "x", None, 600)
+        .await
+        .unwrap();
+    let mut expected = vec![AckOutcome::Acked; 601];
+    expected[300] = AckOutcome::ClaimLost;
+    assert_eq!(next.acks, expected);
+    let rest: Vec<i64> = next.fetched.unwrap().iter().map(|m| m.position).collect();
+    assert_eq!(rest, (601..=700).collect::<Vec<i64>>());
+    let stats = queue
+        .group_stats(Some(&group("a")))
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!((stats.in_flight, stats.claimable), (100, 0), "{stats:?}");
+}
+on_both_backends!(
+    batches_wider_than_one_statement,
+    batches_wider_than_one_statement
+);
