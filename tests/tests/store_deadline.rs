@@ -70,22 +70,23 @@ async fn until_waiting(locker: &mut sqlx::PgConnection, wanted: fn(i64) -> bool,
     }
 }
 
-/// Sees the abandoned statement still blocked in the server, waits for the server to end it
-/// (its `statement_timeout`) while the lock is held, then releases the lock.
-async fn outlast_then_release(mut locker: sqlx::PgConnection) {
+/// Sees a statement the locker blocks (`blocked` says how many), waits for the server to end
+/// them all (their `statement_timeout`) while the lock is held, then ends the locker's
+/// transaction with `end`.
+async fn outlast_then_end(mut locker: sqlx::PgConnection, blocked: fn(i64) -> bool, end: &str) {
     until_waiting(
         &mut locker,
-        |n| n == 1,
+        blocked,
         "the abandoned statement blocked in the server",
     )
     .await;
     until_waiting(
         &mut locker,
         |n| n == 0,
-        "the server ends the abandoned statement",
+        "the server ends the abandoned statements",
     )
     .await;
-    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    sqlx::query(end).execute(&mut locker).await.unwrap();
 }
 
 /// The pool's only connection answers again within a few seconds.
@@ -120,7 +121,7 @@ async fn a_call_past_its_deadline_that_then_fails_leaves_the_pool_whole() {
     let answer = finish_within(CALLER_DEADLINE, blocked).await;
     assert!(answer.is_err(), "the blocked read answered: {answer:?}");
 
-    outlast_then_release(locker).await;
+    outlast_then_end(locker, |n| n == 1, "ROLLBACK").await;
     serves_again(&pool).await;
 }
 
@@ -138,7 +139,7 @@ async fn a_readiness_probe_past_its_timeout_leaves_the_store_pool_whole() {
         .expect_err("not ready while blocked");
     assert!(failed.contains("did not finish"), "{failed}");
 
-    outlast_then_release(locker).await;
+    outlast_then_end(locker, |n| n == 1, "ROLLBACK").await;
     serves_again(&pool).await;
     assert_eq!(state.check_ready().await, Ok(()), "ready again");
 }
@@ -182,14 +183,7 @@ async fn a_consumer_whose_fetches_outlive_their_deadline_keeps_its_pool() {
     wharf_tests::hold_group_row(&mut holder, "billing").await;
     let message = ("orders/1".to_owned(), b"x".to_vec(), Headers::new());
     wharf.publish("orders", vec![message]).await.unwrap();
-    until_waiting(&mut holder, |n| n >= 1, "a fetch blocked on the group row").await;
-    until_waiting(
-        &mut holder,
-        |n| n == 0,
-        "the server ends what the fetches left",
-    )
-    .await;
-    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    outlast_then_end(holder, |n| n >= 1, "COMMIT").await;
 
     let start = std::time::Instant::now();
     while consumer.stats().handled_ok < 1 {
