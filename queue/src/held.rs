@@ -9,8 +9,9 @@
 //! pool when none is held) and gives it back to the holder only when the statement succeeded
 //! and nothing else of the fetch needs the pool. A claim future dropped half-way leaves the
 //! statement and its connection to a task that runs it to its end (ADR 0068); the connection
-//! then goes back to the pool, not to the holder. The holder releases it before anything waits for long (see the runtime), so a
-//! held connection never stands between a small pool and the rest of the process.
+//! then goes back to the pool, not to the holder. The holder releases it before anything
+//! waits for long (see the runtime), so a held connection never stands between a small pool
+//! and the rest of the process.
 //!
 //! On SQLite there is nothing to hold: the writer is one connection already.
 

@@ -213,15 +213,11 @@ pub(crate) async fn claim(
     }
     if acked.len() < acks.len() {
         let missed: Vec<&(i64, i64)> = acks.iter().filter(|k| !acked.contains(*k)).collect();
-        let groups: Vec<&str> = missed.iter().map(|_| group.as_str()).collect();
         let positions: Vec<i64> = missed.iter().map(|k| k.0).collect();
         let tokens: Vec<i64> = missed.iter().map(|k| k.1).collect();
-        let (groups, store_handle): (Vec<String>, PgStore) = (
-            groups.iter().map(|g| (*g).to_owned()).collect(),
-            store.clone(),
-        );
+        let (store_handle, settling) = (store.clone(), group.clone());
         let settled = Finishing::new(async move {
-            let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
+            let groups = vec![settling.as_str(); positions.len()];
             settle_set_aside(&store_handle, &groups, &positions, &tokens).await
         })
         .await?;
