@@ -178,6 +178,14 @@ impl Queue {
         Ok(positions[0])
     }
 
+    /// True when a claim routes what is new itself, in its own transaction, whenever the
+    /// routed deliveries cannot fill it (SQLite, ADR 0069): routing ahead of the claims then
+    /// only adds write transactions, and takes from the claims the deliveries they would
+    /// insert already claimed. On Postgres routing is a step of its own (ADR 0050).
+    pub fn routes_in_claims(&self) -> bool {
+        matches!(self.store, Store::Sqlite(_))
+    }
+
     /// Routes one batch of the log for `group`.
     pub async fn route(&self, group: &GroupName) -> Result<RouteReport, QueueError> {
         self.route_fenced(group, None).await
@@ -269,7 +277,14 @@ impl Queue {
             let acks = acks.take().unwrap_or_default();
             let mut got = match &self.store {
                 Store::Sqlite(s) => {
-                    sqlite::claim(s, &self.settings, group, instance, wanted, fence, acks).await?
+                    let request = sqlite::ClaimRequest {
+                        group: group.clone(),
+                        instance: instance.to_owned(),
+                        max: wanted,
+                        fence,
+                        acks,
+                    };
+                    sqlite::claim(s, &self.matchers, &self.settings, request).await?
                 }
                 Store::Postgres(s) => {
                     let settings = &self.settings;

@@ -89,11 +89,18 @@ async fn fetch_routes_only_when_routed_deliveries_run_short(backend: Backend) {
     let got: Vec<i64> = claimed.iter().map(|c| c.position).collect();
     assert_eq!(got, positions[..50].to_vec(), "the first batch, in order");
     // The batch is all claimed: the next fetch comes up empty on its claim, routes, and
-    // claims from the new batch in the same call.
+    // claims from the new batch in the same call. On Postgres that is a routing step of a
+    // whole batch; on SQLite the claim routes in its own transaction, only as far as it
+    // claims (ADR 0069).
     let next = queue.fetch(&g, "a", 10).await.unwrap();
     let got: Vec<i64> = next.iter().map(|c| c.position).collect();
     assert_eq!(got, positions[50..60].to_vec());
-    assert_eq!(routed_position(&queue, &g).await, start + 2 * ROUTE_BATCH);
+    let routed_to = if backend == Backend::Sqlite {
+        positions[59]
+    } else {
+        start + 2 * ROUTE_BATCH
+    };
+    assert_eq!(routed_position(&queue, &g).await, routed_to);
 }
 on_both_backends!(
     lazy_routing,

@@ -23,8 +23,10 @@
 //! connection back whenever it would wait longer than a few milliseconds for a slot, when a
 //! fetch comes back short or fails, and when the pool has no other connection to spare.
 //!
-//! A router task beside the loop keeps about a routing batch of the log routed ahead of what
-//! the loop claims (`route_ahead`, ADR 0050), so that a fetch rarely waits for a routing step.
+//! On Postgres a router task beside the loop keeps about a routing batch of the log routed
+//! ahead of what the loop claims (`route_ahead`, ADR 0050), so that a fetch rarely waits for a
+//! routing step. On SQLite the claim routes what is new in its own transaction (ADR 0069), and
+//! no router runs.
 //!
 //! An idle consumer (its last fetch came back empty) waits for `queue.poll_interval` or for a
 //! publish to its topic, whichever comes first (`publish_listener` brings other processes'
@@ -194,11 +196,14 @@ impl Runtime {
         let mut retry = FetchRetry::default();
         self.listener.ensure(&self.queue, &self.store).await;
         let mut published = self.queue.wakeups().subscribe(self.topic.as_str());
-        let ahead = RouteAhead::start(
-            self.queue.clone(),
-            self.group.clone(),
-            self.queue.wakeups().subscribe(self.topic.as_str()),
-        );
+        // Where claims route for themselves (SQLite, ADR 0069) nothing routes ahead of them.
+        let ahead = (!self.queue.routes_in_claims()).then(|| {
+            RouteAhead::start(
+                self.queue.clone(),
+                self.group.clone(),
+                self.queue.wakeups().subscribe(self.topic.as_str()),
+            )
+        });
         let (acker, mut acks) = acker::channel(self.queue.clone());
         let settle = Settle {
             queue: self.queue.clone(),
@@ -251,7 +256,9 @@ impl Runtime {
                 Ok(Ok(messages)) if !messages.is_empty() => {
                     debug!(claimed = messages.len(), wanted, "claimed");
                     self.metrics.group.claimed(messages.len() as u64);
-                    ahead.claimed(install, &messages);
+                    if let Some(ahead) = &ahead {
+                        ahead.claimed(install, &messages);
+                    }
                     for (message, permit) in messages.into_iter().zip(permits) {
                         self.spawn(&mut tasks, &settle, message, permit);
                     }

@@ -1,4 +1,5 @@
-//! Claims, acks, nacks and dead letters on SQLite (see the Postgres twin for the rules).
+//! Acks, nacks, extensions and dead letters on SQLite (see the Postgres twin for the rules);
+//! the claim itself is in `fetch.rs`.
 
 use std::collections::HashSet;
 
@@ -9,150 +10,14 @@ use wharf_store::{SqliteStore, StoreError};
 
 use super::headers_from;
 use crate::error::QueueError;
-use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
-use crate::ClaimStep;
+use crate::message::{AckOutcome, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
 
-fn micros(d: std::time::Duration) -> i64 {
+pub(super) fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
-/// Claims up to `max` claimable messages of `group` for `instance`, first settling `acks`
-/// (`(position, token)` of the same group) in the same write transaction (ADR 0035); also
-/// reports how many exhausted messages it moved to the dead letters instead.
-pub(crate) async fn claim(
-    store: &SqliteStore,
-    settings: &QueueSettings,
-    group: &GroupName,
-    instance: &str,
-    max: i64,
-    fence: Option<i64>,
-    acks: Vec<(i64, i64)>,
-) -> Result<ClaimStep, QueueError> {
-    let (group, instance, settings) = (group.clone(), instance.to_owned(), *settings);
-    // With acks to settle the writer is taken anyway; without, an idle poll costs a read.
-    if acks.is_empty() && !anything_claimable(store, &group).await? {
-        return Ok(ClaimStep::default());
-    }
-    let token: i64 = rand::random();
-    Ok(store
-        .write(move |ctx| {
-            let now = ctx.now.timestamp_micros();
-            let mut acked = HashSet::new();
-            if !acks.is_empty() {
-                let mut delete = ctx.tx.prepare_cached(
-                    "DELETE FROM delivery \
-                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-                )?;
-                for (position, ack_token) in acks {
-                    if delete.execute(params![group.as_str(), position, ack_token])? == 1
-                        || settle_set_aside(ctx.tx, group.as_str(), position, ack_token)? == 1
-                    {
-                        acked.insert((position, ack_token));
-                    }
-                }
-            }
-            let mut claim = ctx.tx.prepare_cached(
-                "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
-                   visible_at = ?4 + ?5 \
-                 WHERE group_name = ?1 AND position IN (SELECT position FROM delivery \
-                   WHERE group_name = ?1 AND visible_at <= ?4 \
-                     AND routed_by = (SELECT position FROM effective_declaration \
-                       WHERE group_name = ?1 AND (?7 IS NULL OR position = ?7)) \
-                   ORDER BY position LIMIT ?6) \
-                 RETURNING topic, position, attempts, routed_by",
-            )?;
-            let mut picked = claim
-                .query_map(
-                    params![
-                        group.as_str(),
-                        instance,
-                        token,
-                        now,
-                        micros(settings.visibility_timeout),
-                        max,
-                        fence
-                    ],
-                    |row| {
-                        Ok((
-                            row.get::<_, String>(0)?,
-                            row.get::<_, i64>(1)?,
-                            row.get::<_, i32>(2)?,
-                            row.get::<_, i64>(3)?,
-                        ))
-                    },
-                )?
-                .collect::<Result<Vec<_>, _>>()?;
-            picked.sort_by_key(|row| row.1);
-            let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
-            let mut claimed = Vec::with_capacity(picked.len());
-            let mut buried = 0usize;
-            let mut read = ctx.tx.prepare_cached(
-                "SELECT subject, payload, headers, published_at FROM message \
-                 WHERE topic = ?1 AND position = ?2",
-            )?;
-            for (topic, position, attempts, routed_by) in picked {
-                if attempts > limit {
-                    // Claimed once more than allowed just now: record the claims really
-                    // handed out.
-                    bury(ctx.tx, &group, position, token, now, 1)?;
-                    buried += 1;
-                    continue;
-                }
-                let row = read.query_row(params![topic, position], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, Vec<u8>>(1)?,
-                        row.get::<_, String>(2)?,
-                        row.get::<_, i64>(3)?,
-                    ))
-                });
-                let (subject, payload, headers, published_at) = match row {
-                    Ok(row) => row,
-                    Err(rusqlite::Error::QueryReturnedNoRows) => continue,
-                    Err(e) => return Err(e.into()),
-                };
-                claimed.push(Claimed {
-                    group: group.to_string(),
-                    topic,
-                    position,
-                    subject,
-                    payload,
-                    headers: headers_from(&headers),
-                    published_at: from_micros(published_at),
-                    attempts,
-                    routed_by,
-                    claim_token: token,
-                });
-            }
-            Ok(ClaimStep {
-                claimed,
-                buried,
-                acked,
-            })
-        })
-        .await?)
-}
-
-/// A reader-side look before taking the single writer: an idle consumer's poll then costs no
-/// write transaction. (A message that turns visible a moment later is claimed next poll.)
-async fn anything_claimable(store: &SqliteStore, group: &GroupName) -> Result<bool, QueueError> {
-    let group = group.clone();
-    let now = chrono::Utc::now().timestamp_micros();
-    Ok(store
-        .read(move |conn| {
-            Ok(conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM delivery WHERE group_name = ?1 AND visible_at <= ?2 \
-                   AND routed_by = (SELECT position FROM effective_declaration \
-                     WHERE group_name = ?1))",
-                params![group.as_str(), now],
-                |row| row.get(0),
-            )?)
-        })
-        .await?)
-}
-
 /// Moves one claimed delivery to the dead letters with a full copy of its message.
-fn bury(
+pub(super) fn bury(
     tx: &Transaction<'_>,
     group: &GroupName,
     position: i64,
@@ -212,7 +77,7 @@ pub(crate) async fn ack(
 
 /// Settles a claim whose delivery a swap set aside while it was held (ADR 0014): the handler
 /// finished, so the message is done for the group.
-fn settle_set_aside(
+pub(super) fn settle_set_aside(
     tx: &Transaction<'_>,
     group: &str,
     position: i64,

@@ -3,10 +3,12 @@
 //! claims cannot race; times are microseconds since the epoch by the store's clock.
 
 mod claim;
+mod fetch;
 mod log;
 mod route;
 
-pub(crate) use claim::{ack, ack_many, claim, dead_letters, extend, nack, replay_dead_letter};
+pub(crate) use claim::{ack, ack_many, dead_letters, extend, nack, replay_dead_letter};
+pub(crate) use fetch::{claim, ClaimRequest};
 pub(crate) use log::{
     group_stats, group_stats_of, group_stats_sql, publish, retain, swaps, topic_stats, GROUPS_NAMED,
 };

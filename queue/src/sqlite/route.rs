@@ -388,3 +388,96 @@ pub(crate) async fn effective_install(
         .await?;
     read
 }
+
+/// Who a claim hands its inline-routed deliveries to (ADR 0069).
+pub(super) struct ClaimAs<'a> {
+    pub instance: &'a str,
+    pub token: i64,
+    pub visible_at: i64,
+    /// How many deliveries the claim still wants.
+    pub wanted: usize,
+    /// The install the claiming instance holds, when its fetch is fenced.
+    pub fence: Option<i64>,
+}
+
+/// A delivery routed and claimed in one write: `(topic, position, attempts, routed_by)`, the
+/// claim statement's row shape.
+pub(super) type RoutedClaim = (String, i64, i32, i64);
+
+/// Routes forward inside a claim's write transaction and hands the first `claim.wanted`
+/// matches to the claiming instance as they are inserted (ADR 0069): each such delivery is
+/// written once before its ack instead of twice (routed, then claimed).
+///
+/// Only the steady state routes here: the group's routing aligned with its install, no rescan
+/// pending, and the claimer's fence (if any) that install. A swap to apply or a rescan is left
+/// to a routing step, which does the whole of it; so is everything when nothing is new. The
+/// scan stops at the `claim.wanted`-th match or after `batch` positions, and the cursor moves
+/// to where it stopped, so what was scanned is routed exactly once, as a step would route it.
+pub(super) fn route_into_claim(
+    tx: &Transaction<'_>,
+    now: i64,
+    matchers: &Matchers,
+    group: &GroupName,
+    batch: i64,
+    claim: &ClaimAs<'_>,
+) -> Result<Vec<RoutedClaim>, QueueError> {
+    let (Some(cursor), Some(install)) = (read_cursor(tx, group)?, read_install(tx, group)?) else {
+        return Ok(Vec::new());
+    };
+    let steady = cursor.routed_install == install.position
+        && cursor.rescan_position > cursor.rescan_until
+        && claim.fence.is_none_or(|fence| fence == install.position);
+    let Some((from, to)) =
+        StepRanges::new(cursor.routed_position, cursor.head, 1, 0, batch).forward
+    else {
+        return Ok(Vec::new());
+    };
+    if !steady || claim.wanted == 0 {
+        return Ok(Vec::new());
+    }
+    let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
+    let mut matched = Vec::with_capacity(claim.wanted);
+    let mut routed_position = to;
+    let mut scan = tx.prepare_cached(
+        "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
+           AND position <= ?3 ORDER BY position",
+    )?;
+    let mut rows = scan.query(params![cursor.topic, from, to])?;
+    while let Some(row) = rows.next()? {
+        let position: i64 = row.get(0)?;
+        let subject = row.get_ref(1)?;
+        if matcher.matches_str(subject.as_str().map_err(rusqlite::Error::from)?) {
+            matched.push(position);
+            if matched.len() == claim.wanted {
+                routed_position = position;
+                break;
+            }
+        }
+    }
+    drop(rows);
+    let mut insert = tx.prepare_cached(
+        "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, \
+           attempts, visible_at, claimed_by, claim_token) \
+         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8)",
+    )?;
+    let mut claimed = Vec::with_capacity(matched.len());
+    for position in matched {
+        let inserted = insert.execute(params![
+            group.as_str(),
+            cursor.topic,
+            position,
+            install.position,
+            now,
+            claim.visible_at,
+            claim.instance,
+            claim.token
+        ])?;
+        // A delivery already there (a replayed dead letter) is left to the claim statement.
+        if inserted == 1 {
+            claimed.push((cursor.topic.clone(), position, 1, install.position));
+        }
+    }
+    tx.prepare_cached("UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1")?
+        .execute(params![group.as_str(), routed_position])?;
+    Ok(claimed)
+}
