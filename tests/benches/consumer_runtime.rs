@@ -194,6 +194,42 @@ async fn runtime_run(wharf: &Wharf, shape: Shape, expected: usize) -> RuntimeRun
     }
 }
 
+/// [`CONSUMERS`] tasks calling `Queue::ack_and_fetch` themselves, each carrying the acks of
+/// its previous batch (no handler, no runtime): what the store's side of the runtime's claim
+/// loop costs alone. Returns messages per second.
+async fn queue_loop(queue: &Queue, expected: usize) -> f64 {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CONSUMERS)
+        .map(|i| {
+            let (queue, done) = (queue.clone(), done.clone());
+            tokio::spawn(async move {
+                let group = group();
+                let instance = format!("queue-loop-{i}");
+                let mut held: Vec<Claimed> = Vec::new();
+                loop {
+                    let acked = held.len();
+                    let step = queue
+                        .ack_and_fetch(&held, &group, &instance, None, FETCH_MAX)
+                        .await
+                        .unwrap();
+                    assert_eq!(step.acks.len(), acked);
+                    let total = done.fetch_add(acked, std::sync::atomic::Ordering::Relaxed) + acked;
+                    held = step.fetched.unwrap();
+                    if held.is_empty() && total >= expected {
+                        return;
+                    }
+                    assert!(start.elapsed() < DEADLINE, "the queue loop hung");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    expected as f64 / start.elapsed().as_secs_f64()
+}
+
 fn mean<T>(runs: &[T], rate: impl Fn(&T) -> f64) -> f64 {
     runs.iter().map(rate).sum::<f64>() / runs.len() as f64
 }
@@ -234,6 +270,12 @@ async fn against_plain(backend: Backend, matched: usize) {
         strong.push(plain_claim_delete_all_held(&test.store, matched).await);
     }
     let old_after = plain_claim_and_ack(&test.store, matched).await;
+    let mut loops = Vec::new();
+    for _ in 0..RUNTIME_ROUNDS {
+        publish_half_matching(queue, matched).await;
+        loops.push(queue_loop(queue, matched).await);
+    }
+    let loop_rate = loops.iter().sum::<f64>() / loops.len() as f64;
 
     println!(
         "{backend:?}: the consumer runtime against plain SKIP LOCKED queues ({RUNTIME_ROUNDS} \
@@ -280,6 +322,11 @@ async fn against_plain(backend: Backend, matched: usize) {
         "  runtime at the same batch size and concurrency / the same statement pooled (the \
          baseline before ADR 0051): {same_rate:.0} / {pooled_rate:.0} msg/s = {:.2}",
         same_rate / pooled_rate
+    );
+    println!(
+        "  the queue alone (ack_and_fetch in {CONSUMERS} loops of 10, no handler) / \
+         one-statement claim-and-delete: {loop_rate:.0} / {strong_rate:.0} msg/s = {:.2}",
+        loop_rate / strong_rate
     );
     println!(
         "  runtime at its defaults / one-statement claim-and-delete: {default_rate:.0} / \

@@ -66,7 +66,11 @@ async fn a_claim_routes_only_what_it_takes(backend: Backend) {
 
     let claimed = queue.fetch(&g, "a", 5).await.unwrap();
     let got: Vec<i64> = claimed.iter().map(|c| c.position).collect();
-    assert_eq!(got, matching[..5].to_vec(), "the first five matches, in order");
+    assert_eq!(
+        got,
+        matching[..5].to_vec(),
+        "the first five matches, in order"
+    );
     assert!(claimed.iter().all(|c| c.attempts == 1), "{claimed:?}");
     if backend == Backend::Sqlite {
         assert_eq!(
@@ -75,7 +79,11 @@ async fn a_claim_routes_only_what_it_takes(backend: Backend) {
             "routed to the fifth match, nothing routed and left unclaimed"
         );
     } else {
-        assert_eq!(stats(&queue, &g).await, (positions[9], 0, 5), "one step of ten");
+        assert_eq!(
+            stats(&queue, &g).await,
+            (positions[9], 0, 5),
+            "one step of ten"
+        );
     }
     // Acked, they are gone; the next claim goes on from the cursor.
     for claim in &claimed {
@@ -96,7 +104,11 @@ async fn routed_deliveries_are_handed_out_before_new_ones(backend: Backend) {
 
     let claimed = queue.fetch(&g, "a", 14).await.unwrap();
     let got: Vec<i64> = claimed.iter().map(|c| c.position).collect();
-    assert_eq!(got, positions[..14].to_vec(), "routed first, then new, in order");
+    assert_eq!(
+        got,
+        positions[..14].to_vec(),
+        "routed first, then new, in order"
+    );
     let routed = if backend == Backend::Sqlite {
         (positions[13], 0)
     } else {
@@ -149,6 +161,9 @@ async fn a_fenced_out_claim_routes_nothing(backend: Backend) {
     );
     assert_eq!(stats(&queue, &g).await, before);
     // The instance holding the install claims all five.
-    assert_eq!(queue.fetch_fenced(&g, "a", install, 5).await.unwrap().len(), 5);
+    assert_eq!(
+        queue.fetch_fenced(&g, "a", install, 5).await.unwrap().len(),
+        5
+    );
 }
 on_both_backends!(fenced_out, a_fenced_out_claim_routes_nothing);

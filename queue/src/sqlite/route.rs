@@ -389,6 +389,43 @@ pub(crate) async fn effective_install(
     read
 }
 
+/// Where a group's routing stands, for a claim that may route (ADR 0069).
+struct ClaimCursor {
+    topic: String,
+    head: i64,
+    routed_position: i64,
+    routed_install: i64,
+    rescan_pending: bool,
+    /// The install in effect.
+    install: i64,
+}
+
+/// The group's cursor and the install in effect, in one read; `None` for an unknown group or
+/// one with no install.
+fn read_claim_cursor(
+    tx: &Transaction<'_>,
+    group: &GroupName,
+) -> Result<Option<ClaimCursor>, QueueError> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT g.topic, COALESCE(t.head, 0), g.routed_position, g.routed_install, \
+               g.rescan_position <= g.rescan_until, e.position \
+             FROM consumer_group g JOIN effective_declaration e ON e.group_name = g.group_name \
+             LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = ?1",
+        )?
+        .query_row([group.as_str()], |row| {
+            Ok(ClaimCursor {
+                topic: row.get(0)?,
+                head: row.get(1)?,
+                routed_position: row.get(2)?,
+                routed_install: row.get(3)?,
+                rescan_pending: row.get(4)?,
+                install: row.get(5)?,
+            })
+        })
+        .optional()?)
+}
+
 /// Who a claim hands its inline-routed deliveries to (ADR 0069).
 pub(super) struct ClaimAs<'a> {
     pub instance: &'a str,
@@ -421,28 +458,35 @@ pub(super) fn route_into_claim(
     batch: i64,
     claim: &ClaimAs<'_>,
 ) -> Result<Vec<RoutedClaim>, QueueError> {
-    let (Some(cursor), Some(install)) = (read_cursor(tx, group)?, read_install(tx, group)?) else {
+    let Some(at) = read_claim_cursor(tx, group)? else {
         return Ok(Vec::new());
     };
-    let steady = cursor.routed_install == install.position
-        && cursor.rescan_position > cursor.rescan_until
-        && claim.fence.is_none_or(|fence| fence == install.position);
-    let Some((from, to)) =
-        StepRanges::new(cursor.routed_position, cursor.head, 1, 0, batch).forward
-    else {
+    let steady = at.routed_install == at.install
+        && !at.rescan_pending
+        && claim.fence.is_none_or(|fence| fence == at.install);
+    let Some((from, to)) = StepRanges::new(at.routed_position, at.head, 1, 0, batch).forward else {
         return Ok(Vec::new());
     };
     if !steady || claim.wanted == 0 {
         return Ok(Vec::new());
     }
-    let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
+    // The set is read (and parsed) only when its matcher is not compiled yet.
+    let matcher = match matchers.cached(group, at.install) {
+        Some(matcher) => matcher,
+        None => match read_install(tx, group)? {
+            Some(install) if install.position == at.install => {
+                matchers.get(group, install.position, install.patterns.into_iter())?
+            }
+            _ => return Ok(Vec::new()),
+        },
+    };
     let mut matched = Vec::with_capacity(claim.wanted);
     let mut routed_position = to;
     let mut scan = tx.prepare_cached(
         "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
            AND position <= ?3 ORDER BY position",
     )?;
-    let mut rows = scan.query(params![cursor.topic, from, to])?;
+    let mut rows = scan.query(params![at.topic, from, to])?;
     while let Some(row) = rows.next()? {
         let position: i64 = row.get(0)?;
         let subject = row.get_ref(1)?;
@@ -464,9 +508,9 @@ pub(super) fn route_into_claim(
     for position in matched {
         let inserted = insert.execute(params![
             group.as_str(),
-            cursor.topic,
+            at.topic,
             position,
-            install.position,
+            at.install,
             now,
             claim.visible_at,
             claim.instance,
@@ -474,7 +518,7 @@ pub(super) fn route_into_claim(
         ])?;
         // A delivery already there (a replayed dead letter) is left to the claim statement.
         if inserted == 1 {
-            claimed.push((cursor.topic.clone(), position, 1, install.position));
+            claimed.push((at.topic.clone(), position, 1, at.install));
         }
     }
     tx.prepare_cached("UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1")?
