@@ -18,6 +18,10 @@
 //!   0035; on Postgres one call of the cached `SELECT ... FROM wharf_claim(...)`, one round
 //!   trip, ADR 0042), and routes only when that claim comes back short. New ratio: this / the
 //!   strongest plain queue. Goal >= 0.50 on Postgres, >= 0.70 on SQLite.
+//! - **The queue alone**: [`CONSUMERS`] tasks calling `Queue::ack_and_fetch_holding` in a loop,
+//!   batches of 10, each fetch carrying the acks of the batch before (no handler, no runtime):
+//!   the store's side of the runtime's claim loop, printed against the same baseline so that
+//!   the runtime's own cost shows apart from the queue's.
 //! - **The runtime at its defaults** (one consumer, claim_batch 32, concurrency 8), and the old
 //!   baseline (the `queue_claim` plain loop: two tasks, claim 10 with one statement, then ack
 //!   each with a `DELETE` of its own). Old ratio: defaults / old baseline, as this bench
@@ -42,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use wharf::config::QueueConfig;
 use wharf::handler::handler_fn;
-use wharf::queue::{Claimed, Queue};
+use wharf::queue::{Claimed, HeldConnection, Queue};
 use wharf::store::Store;
 use wharf::{Registration, Wharf};
 use wharf_tests::{Backend, TestStore};
@@ -194,9 +198,10 @@ async fn runtime_run(wharf: &Wharf, shape: Shape, expected: usize) -> RuntimeRun
     }
 }
 
-/// [`CONSUMERS`] tasks calling `Queue::ack_and_fetch` themselves, each carrying the acks of
-/// its previous batch (no handler, no runtime): what the store's side of the runtime's claim
-/// loop costs alone. Returns messages per second.
+/// [`CONSUMERS`] tasks calling `Queue::ack_and_fetch_holding` themselves, each carrying the
+/// acks of its previous batch on a connection it keeps between fetches, as the runtime's claim
+/// loop does (no handler, no runtime): what the store's side of that loop costs alone. Returns
+/// messages per second.
 async fn queue_loop(queue: &Queue, expected: usize) -> f64 {
     let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
@@ -206,17 +211,26 @@ async fn queue_loop(queue: &Queue, expected: usize) -> f64 {
             tokio::spawn(async move {
                 let group = group();
                 let instance = format!("queue-loop-{i}");
+                let mut connection = HeldConnection::default();
                 let mut held: Vec<Claimed> = Vec::new();
                 loop {
                     let acked = held.len();
                     let step = queue
-                        .ack_and_fetch(&held, &group, &instance, None, FETCH_MAX)
+                        .ack_and_fetch_holding(
+                            &mut connection,
+                            &held,
+                            &group,
+                            &instance,
+                            None,
+                            FETCH_MAX,
+                        )
                         .await
                         .unwrap();
                     assert_eq!(step.acks.len(), acked);
                     let total = done.fetch_add(acked, std::sync::atomic::Ordering::Relaxed) + acked;
                     held = step.fetched.unwrap();
                     if held.is_empty() && total >= expected {
+                        connection.release();
                         return;
                     }
                     assert!(start.elapsed() < DEADLINE, "the queue loop hung");
@@ -324,7 +338,7 @@ async fn against_plain(backend: Backend, matched: usize) {
         same_rate / pooled_rate
     );
     println!(
-        "  the queue alone (ack_and_fetch in {CONSUMERS} loops of 10, no handler) / \
+        "  the queue alone (ack_and_fetch_holding in {CONSUMERS} loops of 10, no handler) / \
          one-statement claim-and-delete: {loop_rate:.0} / {strong_rate:.0} msg/s = {:.2}",
         loop_rate / strong_rate
     );
