@@ -73,10 +73,11 @@ fn claim_in_tx(
     let acked = settle_acks(tx, &group, acks)?;
     let token: i64 = rand::random();
     let visible_at = now.saturating_add(micros(settings.visibility_timeout));
-    let mut picked = claim_routed(tx, &group, &instance, token, now, visible_at, max, fence)?;
+    let picked = claim_routed(tx, &group, &instance, token, now, visible_at, max, fence)?;
     let wanted = usize::try_from(max)
         .unwrap_or(0)
         .saturating_sub(picked.len());
+    let mut routed_now = Vec::new();
     if wanted > 0 {
         let claim = ClaimAs {
             instance: &instance,
@@ -86,22 +87,39 @@ fn claim_in_tx(
             fence,
         };
         let batch = settings.route_batch;
-        picked.extend(route_into_claim(tx, now, matchers, &group, batch, &claim)?);
+        routed_now = route_into_claim(tx, now, matchers, &group, batch, &claim)?;
     }
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
-    let mut handed = Vec::with_capacity(picked.len());
     let mut buried = 0usize;
+    let mut exhausted = |row: &RoutedClaim| -> Result<bool, QueueError> {
+        if row.2 <= limit {
+            return Ok(false);
+        }
+        // Claimed once more than allowed just now: record the claims really handed out.
+        bury(tx, &group, row.1, token, now, 1)?;
+        buried += 1;
+        Ok(true)
+    };
+    let mut handed = Vec::with_capacity(picked.len());
     for row in picked {
-        if row.2 > limit {
-            // Claimed once more than allowed just now: record the claims really handed out.
-            bury(tx, &group, row.1, token, now, 1)?;
-            buried += 1;
-        } else {
+        if !exhausted(&row)? {
             handed.push(row);
         }
     }
+    let mut fresh = Vec::with_capacity(routed_now.len());
+    for (row, message) in routed_now {
+        if !exhausted(&row)? {
+            fresh.push((row, message));
+        }
+    }
+    let mut claimed = read_messages(tx, &group, token, handed)?;
+    claimed.extend(
+        fresh
+            .into_iter()
+            .map(|(row, message)| message.claimed(&group, token, row)),
+    );
     Ok(ClaimStep {
-        claimed: read_messages(tx, &group, token, handed)?,
+        claimed,
         buried,
         acked,
     })
@@ -164,6 +182,33 @@ fn claim_routed(
     Ok(picked)
 }
 
+/// A message's columns as the log holds them.
+pub(super) struct MessageRow {
+    pub subject: String,
+    pub payload: Vec<u8>,
+    pub headers: String,
+    pub published_at: i64,
+}
+
+impl MessageRow {
+    /// The claim of this message that `delivery` hands out under `token`.
+    fn claimed(self, group: &GroupName, token: i64, delivery: RoutedClaim) -> Claimed {
+        let (topic, position, attempts, routed_by) = delivery;
+        Claimed {
+            group: group.to_string(),
+            topic,
+            position,
+            subject: self.subject,
+            payload: self.payload,
+            headers: headers_from(&self.headers),
+            published_at: from_micros(self.published_at),
+            attempts,
+            routed_by,
+            claim_token: token,
+        }
+    }
+}
+
 /// The claimed messages of `handed`, read from the log; one whose log row is gone is left out.
 fn read_messages(
     tx: &Transaction<'_>,
@@ -176,32 +221,20 @@ fn read_messages(
          WHERE topic = ?1 AND position = ?2",
     )?;
     let mut claimed = Vec::with_capacity(handed.len());
-    for (topic, position, attempts, routed_by) in handed {
+    for delivery in handed {
         let row = read
-            .query_row(params![topic, position], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, Vec<u8>>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, i64>(3)?,
-                ))
+            .query_row(params![delivery.0, delivery.1], |row| {
+                Ok(MessageRow {
+                    subject: row.get(0)?,
+                    payload: row.get(1)?,
+                    headers: row.get(2)?,
+                    published_at: row.get(3)?,
+                })
             })
             .optional()?;
-        let Some((subject, payload, headers, published_at)) = row else {
-            continue;
-        };
-        claimed.push(Claimed {
-            group: group.to_string(),
-            topic,
-            position,
-            subject,
-            payload,
-            headers: headers_from(&headers),
-            published_at: from_micros(published_at),
-            attempts,
-            routed_by,
-            claim_token: token,
-        });
+        if let Some(message) = row {
+            claimed.push(message.claimed(group, token, delivery));
+        }
     }
     Ok(claimed)
 }

@@ -8,6 +8,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::{BindingMatcher, GroupName};
 use wharf_store::SqliteStore;
 
+use super::fetch::MessageRow;
 use crate::error::QueueError;
 use crate::generations::{
     forward_matches, rescan_matches, rescan_start, restorable, split_pending, Generation, History,
@@ -442,8 +443,9 @@ pub(super) struct ClaimAs<'a> {
 pub(super) type RoutedClaim = (String, i64, i32, i64);
 
 /// Routes forward inside a claim's write transaction and hands the first `claim.wanted`
-/// matches to the claiming instance as they are inserted (ADR 0069): each such delivery is
-/// written once before its ack instead of twice (routed, then claimed).
+/// matches to the claiming instance as they are inserted, with their messages as the scan read
+/// them (ADR 0069): each such delivery is written once before its ack instead of twice
+/// (routed, then claimed), and its message is read once.
 ///
 /// Only the steady state routes here: the group's routing aligned with its install, no rescan
 /// pending, and the claimer's fence (if any) that install. A swap to apply or a rescan is left
@@ -457,19 +459,19 @@ pub(super) fn route_into_claim(
     group: &GroupName,
     batch: i64,
     claim: &ClaimAs<'_>,
-) -> Result<Vec<RoutedClaim>, QueueError> {
+) -> Result<Vec<(RoutedClaim, MessageRow)>, QueueError> {
     let Some(at) = read_claim_cursor(tx, group)? else {
         return Ok(Vec::new());
     };
     let steady = at.routed_install == at.install
         && !at.rescan_pending
         && claim.fence.is_none_or(|fence| fence == at.install);
-    let Some((from, to)) = StepRanges::new(at.routed_position, at.head, 1, 0, batch).forward else {
-        return Ok(Vec::new());
-    };
     if !steady || claim.wanted == 0 {
         return Ok(Vec::new());
     }
+    let Some((from, to)) = StepRanges::new(at.routed_position, at.head, 1, 0, batch).forward else {
+        return Ok(Vec::new());
+    };
     // The set is read (and parsed) only when its matcher is not compiled yet.
     let matcher = match matchers.cached(group, at.install) {
         Some(matcher) => matcher,
@@ -483,15 +485,24 @@ pub(super) fn route_into_claim(
     let mut matched = Vec::with_capacity(claim.wanted);
     let mut routed_position = to;
     let mut scan = tx.prepare_cached(
-        "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
-           AND position <= ?3 ORDER BY position",
+        "SELECT position, subject, payload, headers, published_at FROM message \
+         WHERE topic = ?1 AND position >= ?2 AND position <= ?3 ORDER BY position",
     )?;
     let mut rows = scan.query(params![at.topic, from, to])?;
     while let Some(row) = rows.next()? {
-        let position: i64 = row.get(0)?;
-        let subject = row.get_ref(1)?;
-        if matcher.matches_str(subject.as_str().map_err(rusqlite::Error::from)?) {
-            matched.push(position);
+        let subject = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
+        if matcher.matches_str(subject) {
+            // The message is read from the row the scan is on: no second lookup by key.
+            let position: i64 = row.get(0)?;
+            matched.push((
+                position,
+                MessageRow {
+                    subject: subject.to_owned(),
+                    payload: row.get(2)?,
+                    headers: row.get(3)?,
+                    published_at: row.get(4)?,
+                },
+            ));
             if matched.len() == claim.wanted {
                 routed_position = position;
                 break;
@@ -505,7 +516,7 @@ pub(super) fn route_into_claim(
          VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8)",
     )?;
     let mut claimed = Vec::with_capacity(matched.len());
-    for position in matched {
+    for (position, message) in matched {
         let inserted = insert.execute(params![
             group.as_str(),
             at.topic,
@@ -516,9 +527,10 @@ pub(super) fn route_into_claim(
             claim.instance,
             claim.token
         ])?;
-        // A delivery already there (a replayed dead letter) is left to the claim statement.
+        // Nothing past the cursor is routed yet; a delivery there all the same is left to the
+        // claim statement.
         if inserted == 1 {
-            claimed.push((at.topic.clone(), position, 1, at.install));
+            claimed.push(((at.topic.clone(), position, 1, at.install), message));
         }
     }
     tx.prepare_cached("UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1")?
