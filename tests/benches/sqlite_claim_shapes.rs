@@ -287,18 +287,7 @@ fn drain(conn: &Connection, shape: Shape, matched: i64) -> f64 {
             now += 1;
             let acks = std::mem::take(&mut held[turn]);
             done += acks.len() as i64;
-            if done >= matched && held.iter().all(Vec::is_empty) {
-                // The last acks, alone.
-                let call = Call {
-                    shape,
-                    head,
-                    turn,
-                    acks: &acks,
-                    now,
-                };
-                assert!(claim_call(conn, &call).is_empty());
-                break;
-            }
+            let last = done >= matched && held.iter().all(Vec::is_empty);
             let call = Call {
                 shape,
                 head,
@@ -307,6 +296,11 @@ fn drain(conn: &Connection, shape: Shape, matched: i64) -> f64 {
                 now,
             };
             let claimed = claim_call(conn, &call);
+            if last {
+                // The last acks: nothing was left to claim.
+                assert!(claimed.is_empty());
+                break;
+            }
             if shape == Shape::RoutedAhead && claimed.len() < BATCH {
                 route_step(conn);
             }
