@@ -308,6 +308,9 @@ impl Queue {
     /// Routing lazily keeps a busy group's fetch at one statement, and keeps its routed but
     /// unclaimed deliveries within about one routing batch: each routing step matches the log
     /// against the set in effect at that moment, so a swap applies to everything not yet routed.
+    /// On SQLite the claim itself routes what it takes once the group's routing is aligned
+    /// with its install (ADR 0069); a routing step is then taken only for a swap, a rescan,
+    /// or a log the claim's scan found too little in.
     pub async fn fetch(
         &self,
         group: &GroupName,

@@ -90,28 +90,16 @@ fn claim_in_tx(
         routed_now = route_into_claim(tx, now, matchers, &group, batch, &claim)?;
     }
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
-    let mut buried = 0usize;
-    let mut exhausted = |row: &RoutedClaim| -> Result<bool, QueueError> {
-        if row.2 <= limit {
-            return Ok(false);
-        }
-        // Claimed once more than allowed just now: record the claims really handed out.
-        bury(tx, &group, row.1, token, now, 1)?;
-        buried += 1;
-        Ok(true)
+    let exhausted = Exhausted {
+        tx,
+        group: &group,
+        token,
+        now,
+        limit,
     };
-    let mut handed = Vec::with_capacity(picked.len());
-    for row in picked {
-        if !exhausted(&row)? {
-            handed.push(row);
-        }
-    }
-    let mut fresh = Vec::with_capacity(routed_now.len());
-    for (row, message) in routed_now {
-        if !exhausted(&row)? {
-            fresh.push((row, message));
-        }
-    }
+    let (handed, buried_routed) = exhausted.bury(picked, |row| row)?;
+    let (fresh, buried_fresh) = exhausted.bury(routed_now, |(row, _)| row)?;
+    let buried = buried_routed + buried_fresh;
     let mut claimed = read_messages(tx, &group, token, handed)?;
     claimed.extend(
         fresh
@@ -123,6 +111,38 @@ fn claim_in_tx(
         buried,
         acked,
     })
+}
+
+/// The claims of one call that went past the attempts allowed.
+struct Exhausted<'a> {
+    tx: &'a Transaction<'a>,
+    group: &'a GroupName,
+    token: i64,
+    now: i64,
+    limit: i32,
+}
+
+impl Exhausted<'_> {
+    /// Moves the claims of `rows` made once more than allowed just now to the dead letters
+    /// (recording the claims really handed out); returns the rest, and how many it moved.
+    fn bury<T>(
+        &self,
+        rows: Vec<T>,
+        delivery: impl Fn(&T) -> &RoutedClaim,
+    ) -> Result<(Vec<T>, usize), QueueError> {
+        let mut kept = Vec::with_capacity(rows.len());
+        let mut buried = 0;
+        for row in rows {
+            let (_, position, attempts, _) = delivery(&row);
+            if *attempts > self.limit {
+                bury(self.tx, self.group, *position, self.token, self.now, 1)?;
+                buried += 1;
+            } else {
+                kept.push(row);
+            }
+        }
+        Ok((kept, buried))
+    }
 }
 
 /// Deletes the acked deliveries (or settles them where a swap set them aside); returns the
