@@ -54,30 +54,48 @@ pub(crate) async fn ack(
     let group = group.clone();
     Ok(store
         .write(move |ctx| {
-            let done = ctx
-                .tx
-                .prepare_cached(
-                    "DELETE FROM delivery \
-                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-                )?
-                .execute(params![group.as_str(), position, token])?;
-            let done = if done == 1 {
-                done
-            } else {
-                settle_set_aside(ctx.tx, group.as_str(), position, token)?
-            };
-            Ok(if done == 1 {
-                AckOutcome::Acked
-            } else {
-                AckOutcome::ClaimLost
-            })
+            Ok(
+                if AckSettler::new(ctx.tx)?.settle(group.as_str(), position, token)? {
+                    AckOutcome::Acked
+                } else {
+                    AckOutcome::ClaimLost
+                },
+            )
         })
         .await?)
 }
 
+/// Settles acks inside one write transaction, its delete statement prepared once.
+pub(super) struct AckSettler<'tx> {
+    tx: &'tx Transaction<'tx>,
+    delete: rusqlite::CachedStatement<'tx>,
+}
+
+impl<'tx> AckSettler<'tx> {
+    pub(super) fn new(tx: &'tx Transaction<'tx>) -> Result<Self, rusqlite::Error> {
+        let delete = tx.prepare_cached(
+            "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
+        )?;
+        Ok(Self { tx, delete })
+    }
+
+    /// Settles one ack of `group`'s claim `(position, token)`: deletes its delivery, or
+    /// settles it where a swap set it aside while it was held; false when the claim is no
+    /// longer held.
+    pub(super) fn settle(
+        &mut self,
+        group: &str,
+        position: i64,
+        token: i64,
+    ) -> Result<bool, rusqlite::Error> {
+        let deleted = self.delete.execute(params![group, position, token])?;
+        Ok(deleted == 1 || settle_set_aside(self.tx, group, position, token)? == 1)
+    }
+}
+
 /// Settles a claim whose delivery a swap set aside while it was held (ADR 0014): the handler
 /// finished, so the message is done for the group.
-pub(super) fn settle_set_aside(
+fn settle_set_aside(
     tx: &Transaction<'_>,
     group: &str,
     position: i64,
@@ -129,14 +147,9 @@ pub(crate) async fn ack_many(
 ) -> Result<HashSet<(String, i64, i64)>, QueueError> {
     Ok(store
         .write(move |ctx| {
-            let mut delete = ctx.tx.prepare_cached(
-                "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-            )?;
-            let mut acked = HashSet::new();
+            let (mut settler, mut acked) = (AckSettler::new(ctx.tx)?, HashSet::new());
             for (group, position, token) in keys {
-                if delete.execute(params![group, position, token])? == 1
-                    || settle_set_aside(ctx.tx, &group, position, token)? == 1
-                {
+                if settler.settle(&group, position, token)? {
                     acked.insert((group, position, token));
                 }
             }

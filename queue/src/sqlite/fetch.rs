@@ -10,7 +10,7 @@ use wharf_domain::GroupName;
 use wharf_store::event::from_micros;
 use wharf_store::SqliteStore;
 
-use super::claim::{bury, micros, settle_set_aside};
+use super::claim::{bury, micros, AckSettler};
 use super::headers_from;
 use super::route::{route_into_claim, ClaimAs, RoutedClaim};
 use crate::error::QueueError;
@@ -77,7 +77,10 @@ fn claim_in_tx(
     let wanted = usize::try_from(max)
         .unwrap_or(0)
         .saturating_sub(picked.len());
-    let mut routed_now = Vec::new();
+    // Routed deliveries first, their messages read below; then what the claim routes, with
+    // the messages its scan read.
+    let mut deliveries: Vec<(RoutedClaim, Option<MessageRow>)> =
+        picked.into_iter().map(|row| (row, None)).collect();
     if wanted > 0 {
         let claim = ClaimAs {
             instance: &instance,
@@ -87,25 +90,15 @@ fn claim_in_tx(
             fence,
         };
         let batch = settings.route_batch;
-        routed_now = route_into_claim(tx, now, matchers, &group, batch, &claim)?;
+        let routed = route_into_claim(tx, now, matchers, &group, batch, &claim)?;
+        deliveries.extend(
+            routed
+                .into_iter()
+                .map(|(row, message)| (row, Some(message))),
+        );
     }
     let limit = i32::try_from(settings.max_attempts).unwrap_or(i32::MAX);
-    let exhausted = Exhausted {
-        tx,
-        group: &group,
-        token,
-        now,
-        limit,
-    };
-    let (handed, buried_routed) = exhausted.bury(picked, |row| row)?;
-    let (fresh, buried_fresh) = exhausted.bury(routed_now, |(row, _)| row)?;
-    let buried = buried_routed + buried_fresh;
-    let mut claimed = read_messages(tx, &group, token, handed)?;
-    claimed.extend(
-        fresh
-            .into_iter()
-            .map(|(row, message)| message.claimed(&group, token, row)),
-    );
+    let (claimed, buried) = hand_out(tx, &group, token, now, limit, deliveries)?;
     Ok(ClaimStep {
         claimed,
         buried,
@@ -113,40 +106,44 @@ fn claim_in_tx(
     })
 }
 
-/// The claims of one call that went past the attempts allowed.
-struct Exhausted<'a> {
-    tx: &'a Transaction<'a>,
-    group: &'a GroupName,
+/// Hands out the claimed `deliveries` with their messages (read by key where the claim did
+/// not read them already), burying those claimed once more than `limit` allows; returns the
+/// claims and how many it buried.
+fn hand_out(
+    tx: &Transaction<'_>,
+    group: &GroupName,
     token: i64,
     now: i64,
     limit: i32,
-}
-
-impl Exhausted<'_> {
-    /// Moves the claims of `rows` made once more than allowed just now to the dead letters
-    /// (recording the claims really handed out); returns the rest, and how many it moved.
-    fn bury<T>(
-        &self,
-        rows: Vec<T>,
-        delivery: impl Fn(&T) -> &RoutedClaim,
-    ) -> Result<(Vec<T>, usize), QueueError> {
-        let mut kept = Vec::with_capacity(rows.len());
-        let mut buried = 0;
-        for row in rows {
-            let (_, position, attempts, _) = delivery(&row);
-            if *attempts > self.limit {
-                bury(self.tx, self.group, *position, self.token, self.now, 1)?;
-                buried += 1;
-            } else {
-                kept.push(row);
-            }
+    deliveries: Vec<(RoutedClaim, Option<MessageRow>)>,
+) -> Result<(Vec<Claimed>, usize), QueueError> {
+    let mut read = tx.prepare_cached(
+        "SELECT subject, payload, headers, published_at FROM message \
+         WHERE topic = ?1 AND position = ?2",
+    )?;
+    let (mut claimed, mut buried) = (Vec::with_capacity(deliveries.len()), 0usize);
+    for (delivery, message) in deliveries {
+        if delivery.2 > limit {
+            // Claimed once more than allowed just now: record the claims really handed out.
+            bury(tx, group, delivery.1, token, now, 1)?;
+            buried += 1;
+            continue;
         }
-        Ok((kept, buried))
+        let message = match message {
+            Some(message) => Some(message),
+            None => read
+                .query_row(params![delivery.0, delivery.1], MessageRow::from_row)
+                .optional()?,
+        };
+        // A message whose log row is gone is left out.
+        if let Some(message) = message {
+            claimed.push(message.claimed(group, token, delivery));
+        }
     }
+    Ok((claimed, buried))
 }
 
-/// Deletes the acked deliveries (or settles them where a swap set them aside); returns the
-/// `(position, token)` keys it settled.
+/// Settles the acks it carries; returns the `(position, token)` keys it settled.
 fn settle_acks(
     tx: &Transaction<'_>,
     group: &GroupName,
@@ -156,13 +153,9 @@ fn settle_acks(
     if acks.is_empty() {
         return Ok(acked);
     }
-    let mut delete = tx.prepare_cached(
-        "DELETE FROM delivery WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3",
-    )?;
+    let mut settler = AckSettler::new(tx)?;
     for (position, token) in acks {
-        if delete.execute(params![group.as_str(), position, token])? == 1
-            || settle_set_aside(tx, group.as_str(), position, token)? == 1
-        {
+        if settler.settle(group.as_str(), position, token)? {
             acked.insert((position, token));
         }
     }
@@ -211,6 +204,16 @@ pub(super) struct MessageRow {
 }
 
 impl MessageRow {
+    /// From a row of `subject, payload, headers, published_at`.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            subject: row.get(0)?,
+            payload: row.get(1)?,
+            headers: row.get(2)?,
+            published_at: row.get(3)?,
+        })
+    }
+
     /// The claim of this message that `delivery` hands out under `token`.
     fn claimed(self, group: &GroupName, token: i64, delivery: RoutedClaim) -> Claimed {
         let (topic, position, attempts, routed_by) = delivery;
@@ -227,36 +230,6 @@ impl MessageRow {
             claim_token: token,
         }
     }
-}
-
-/// The claimed messages of `handed`, read from the log; one whose log row is gone is left out.
-fn read_messages(
-    tx: &Transaction<'_>,
-    group: &GroupName,
-    token: i64,
-    handed: Vec<RoutedClaim>,
-) -> Result<Vec<Claimed>, QueueError> {
-    let mut read = tx.prepare_cached(
-        "SELECT subject, payload, headers, published_at FROM message \
-         WHERE topic = ?1 AND position = ?2",
-    )?;
-    let mut claimed = Vec::with_capacity(handed.len());
-    for delivery in handed {
-        let row = read
-            .query_row(params![delivery.0, delivery.1], |row| {
-                Ok(MessageRow {
-                    subject: row.get(0)?,
-                    payload: row.get(1)?,
-                    headers: row.get(2)?,
-                    published_at: row.get(3)?,
-                })
-            })
-            .optional()?;
-        if let Some(message) = row {
-            claimed.push(message.claimed(group, token, delivery));
-        }
-    }
-    Ok(claimed)
 }
 
 /// A reader-side look before taking the single writer: an idle consumer's poll then costs no

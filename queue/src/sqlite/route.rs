@@ -26,6 +26,16 @@ struct Cursor {
     start_position: Option<i64>,
     rescan_position: i64,
     rescan_until: i64,
+    /// The install in effect, if any.
+    install: Option<i64>,
+}
+
+impl Cursor {
+    /// True when routing is aligned with the install in effect and no rescan is pending: the
+    /// steady state, where a claim may route (ADR 0069).
+    fn steady(&self) -> bool {
+        self.install == Some(self.routed_install) && self.rescan_position > self.rescan_until
+    }
 }
 
 /// Routes up to `batch` log positions for `group`.
@@ -152,7 +162,8 @@ fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>
         .prepare_cached(
             "SELECT g.topic, g.routed_position, g.routed_install, g.start_position, \
                g.rescan_position, g.rescan_until, \
-               COALESCE((SELECT t.head FROM topic t WHERE t.name = g.topic), 0) \
+               COALESCE((SELECT t.head FROM topic t WHERE t.name = g.topic), 0), \
+               (SELECT e.position FROM effective_declaration e WHERE e.group_name = g.group_name) \
              FROM consumer_group g WHERE g.group_name = ?1",
         )?
         .query_row([group.as_str()], |row| {
@@ -164,6 +175,7 @@ fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>
                 start_position: row.get(3)?,
                 rescan_position: row.get(4)?,
                 rescan_until: row.get(5)?,
+                install: row.get(7)?,
             })
         })
         .optional()?)
@@ -390,43 +402,6 @@ pub(crate) async fn effective_install(
     read
 }
 
-/// Where a group's routing stands, for a claim that may route (ADR 0069).
-struct ClaimCursor {
-    topic: String,
-    head: i64,
-    routed_position: i64,
-    routed_install: i64,
-    rescan_pending: bool,
-    /// The install in effect.
-    install: i64,
-}
-
-/// The group's cursor and the install in effect, in one read; `None` for an unknown group or
-/// one with no install.
-fn read_claim_cursor(
-    tx: &Transaction<'_>,
-    group: &GroupName,
-) -> Result<Option<ClaimCursor>, QueueError> {
-    Ok(tx
-        .prepare_cached(
-            "SELECT g.topic, COALESCE(t.head, 0), g.routed_position, g.routed_install, \
-               g.rescan_position <= g.rescan_until, e.position \
-             FROM consumer_group g JOIN effective_declaration e ON e.group_name = g.group_name \
-             LEFT JOIN topic t ON t.name = g.topic WHERE g.group_name = ?1",
-        )?
-        .query_row([group.as_str()], |row| {
-            Ok(ClaimCursor {
-                topic: row.get(0)?,
-                head: row.get(1)?,
-                routed_position: row.get(2)?,
-                routed_install: row.get(3)?,
-                rescan_pending: row.get(4)?,
-                install: row.get(5)?,
-            })
-        })
-        .optional()?)
-}
-
 /// Who a claim hands its inline-routed deliveries to (ADR 0069).
 pub(super) struct ClaimAs<'a> {
     pub instance: &'a str,
@@ -460,24 +435,22 @@ pub(super) fn route_into_claim(
     batch: i64,
     claim: &ClaimAs<'_>,
 ) -> Result<Vec<(RoutedClaim, MessageRow)>, QueueError> {
-    let Some(at) = read_claim_cursor(tx, group)? else {
+    let Some(at) = read_cursor(tx, group)? else {
         return Ok(Vec::new());
     };
-    let steady = at.routed_install == at.install
-        && !at.rescan_pending
-        && claim.fence.is_none_or(|fence| fence == at.install);
-    if !steady || claim.wanted == 0 {
+    let install = at.routed_install;
+    if !at.steady() || claim.fence.is_some_and(|fence| fence != install) || claim.wanted == 0 {
         return Ok(Vec::new());
     }
     let Some((from, to)) = StepRanges::new(at.routed_position, at.head, 1, 0, batch).forward else {
         return Ok(Vec::new());
     };
     // The set is read (and parsed) only when its matcher is not compiled yet.
-    let matcher = match matchers.cached(group, at.install) {
+    let matcher = match matchers.cached(group, install) {
         Some(matcher) => matcher,
         None => match read_install(tx, group)? {
-            Some(install) if install.position == at.install => {
-                matchers.get(group, install.position, install.patterns.into_iter())?
+            Some(read) if read.position == install => {
+                matchers.get(group, install, read.patterns.into_iter())?
             }
             _ => return Ok(Vec::new()),
         },
@@ -521,7 +494,7 @@ pub(super) fn route_into_claim(
             group.as_str(),
             at.topic,
             position,
-            at.install,
+            install,
             now,
             claim.visible_at,
             claim.instance,
@@ -530,7 +503,7 @@ pub(super) fn route_into_claim(
         // Nothing past the cursor is routed yet; a delivery there all the same is left to the
         // claim statement.
         if inserted == 1 {
-            claimed.push(((at.topic.clone(), position, 1, at.install), message));
+            claimed.push(((at.topic.clone(), position, 1, install), message));
         }
     }
     tx.prepare_cached("UPDATE consumer_group SET routed_position = ?2 WHERE group_name = ?1")?
