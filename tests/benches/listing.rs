@@ -24,6 +24,7 @@
 //! opened and planned its calls; then halves interleave (baseline, API, baseline, API); p50
 //! and p99 are over all measured requests of a side. Ratio = baseline p99 / API p99.
 //!
+//! `WHARF_BENCH_SIDES=api` skips the baseline (for a profiler attached to the API's work).
 //! With `WHARF_BENCH_EXPLAIN=1` the Postgres runs print `EXPLAIN (ANALYZE, BUFFERS)` of every
 //! listing statement at the ledger's size (`listing/plans.rs`); with `WHARF_BENCH_PROFILE=1`
 //! every run first times each part of a read alone (`listing/profile.rs`).
@@ -35,6 +36,8 @@
 
 #[path = "listing/baseline.rs"]
 mod baseline;
+#[path = "listing/cpu.rs"]
+mod cpu;
 #[path = "listing/plans.rs"]
 mod plans;
 #[path = "listing/profile.rs"]
@@ -56,6 +59,7 @@ use wharf_tests::ledger::append_bulk;
 use wharf_tests::{Backend, TestStore};
 
 use baseline::Read;
+use cpu::CpuClock;
 
 fn list(var: &str, default: &[usize]) -> Vec<usize> {
     std::env::var(var)
@@ -482,10 +486,21 @@ async fn middle_position(store: &Store, group: &str, events: usize) -> i64 {
 /// Requests per connection each side makes, unmeasured, before a case's measured halves.
 const WARM_UP_PER_CONNECTION: usize = 4;
 
-async fn run_case(server: &Server, store: &Store, case: &Case, requests: usize, conns: usize) {
+/// Runs one case, prints its row and returns its row of CPU time per request.
+async fn run_case(
+    server: &Server,
+    store: &Store,
+    case: &Case,
+    requests: usize,
+    conns: usize,
+) -> String {
+    // `WHARF_BENCH_SIDES=api` times the API alone (the SQL columns then read NaN): for a
+    // profiler attached to the run, which should see only the API's work.
+    let api_only = std::env::var("WHARF_BENCH_SIDES").is_ok_and(|v| v == "api");
     (case.expect)(&server.json(&case.path).await);
     let url = Arc::new(format!("{}{}", server.base, case.path));
     let (mut api, mut sql) = (Side::default(), Side::default());
+    let (mut api_cpu, mut sql_cpu) = (CpuClock::default(), CpuClock::default());
     // Round 0 warms both sides and is dropped: every connection of the client, of the API's
     // pool and of the baseline's has opened, prepared its statements and planned its calls,
     // so the first case no longer pays for the pool's growth (about 11 ms on a connection's
@@ -497,11 +512,15 @@ async fn run_case(server: &Server, store: &Store, case: &Case, requests: usize, 
         };
         let (mut sql_round, mut api_round) = (Side::default(), Side::default());
         let (store, read) = (store.clone(), Arc::new(case.read.clone()));
-        measure(&mut sql_round, share, conns, move || {
-            let (store, read) = (store.clone(), read.clone());
-            async move { baseline::run(&store, &read).await }
-        })
-        .await;
+        let started = CpuClock::read();
+        if !api_only {
+            measure(&mut sql_round, share, conns, move || {
+                let (store, read) = (store.clone(), read.clone());
+                async move { baseline::run(&store, &read).await }
+            })
+            .await;
+        }
+        let between = CpuClock::read();
         let (client, url) = (server.client.clone(), url.clone());
         measure(&mut api_round, share, conns, move || {
             let (client, url) = (client.clone(), url.clone());
@@ -511,7 +530,16 @@ async fn run_case(server: &Server, store: &Store, case: &Case, requests: usize, 
         if keep {
             sql.absorb(sql_round);
             api.absorb(api_round);
+            if let (Some(started), Some(between), Some(ended)) =
+                (started, between, CpuClock::read())
+            {
+                sql_cpu.add(between.since(started));
+                api_cpu.add(ended.since(between));
+            }
         }
+    }
+    if api_only {
+        sql.millis.push(f64::NAN);
     }
     let (a50, a99, s50, s99) = (
         api.quantile(0.5),
@@ -528,6 +556,15 @@ async fn run_case(server: &Server, store: &Store, case: &Case, requests: usize, 
         sql.bytes,
         case.goal
     );
+    let measured = api.millis.len();
+    let (api_own, api_server) = api_cpu.per_request(measured);
+    let (sql_own, sql_server) = sql_cpu.per_request(measured);
+    format!(
+        "| {} | {api_own:.2} | {api_server:.2} | {:.2} | {sql_own:.2} | {sql_server:.2} | {:.2} |",
+        case.label,
+        api_own + api_server,
+        sql_own + sql_server
+    )
 }
 
 async fn rebuild(test: &TestStore) -> f64 {
@@ -587,11 +624,21 @@ async fn main() {
                  bytes API / SQL | goal |"
             );
             println!("|---|---|---|---|---|---|---|---|");
+            let mut cpu_rows = Vec::new();
             for case in cases(&server, &test.store, &groups).await {
                 if !only.is_empty() && !only.iter().any(|o| case.label.contains(o.as_str())) {
                     continue;
                 }
-                run_case(&server, &test.store, &case, requests, conns).await;
+                cpu_rows.push(run_case(&server, &test.store, &case, requests, conns).await);
+            }
+            println!();
+            println!(
+                "| case, CPU ms per request | API: bench process | API: Postgres | API: all | \
+                 SQL: bench process | SQL: Postgres | SQL: all |"
+            );
+            println!("|---|---|---|---|---|---|---|");
+            for row in cpu_rows {
+                println!("{row}");
             }
             println!("(load after: {})", load_average());
             if let (true, Store::Postgres(pg)) = (explain, &test.store) {
