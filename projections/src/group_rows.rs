@@ -18,16 +18,16 @@ use crate::views::{EffectiveRow, WaitingRow};
 /// clock and the check; its group columns NULL when the group was never declared), then a
 /// page of waiters from the partial index of waiting attempts, then a page of instances from
 /// `worker_instance`'s key, each at most `$4`, every value in its own column (ADR 0065). The
-/// log's head is its last position and the group the first name from `$1`, checked equal:
-/// reads only a key's order answers, so the plan the function makes once per connection reads
-/// by key whatever the tables held then (ADR 0058).
+/// log's head is its last position and the group the first name in the range from `$1` to
+/// `$1`: reads only a key's order answers, so the plan the function makes once per connection
+/// reads by key whatever the tables held then (ADR 0058), and the range, closed on both
+/// sides, ends the index scan at the key (ADR 0070).
 pub const PG_GROUP_ROWS: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
        COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
        COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
          AS checkpoint), \
-     e AS (SELECT g.* FROM ( \
-         SELECT * FROM effective_declaration g WHERE g.group_name >= $1 \
-         ORDER BY g.group_name LIMIT 1) g WHERE g.group_name = $1) \
+     e AS (SELECT * FROM effective_declaration g \
+         WHERE g.group_name >= $1 AND g.group_name <= $1 ORDER BY g.group_name LIMIT 1) \
      SELECT 0::smallint, m.now, m.head, m.checkpoint, e.group_name, e.declarer, e.topic, \
        e.version, e.patterns, e.previous, NULL::text[], e.declared_at, e.attempt_at, \
        e.position, e.installs, NULL::timestamptz, NULL::timestamptz \

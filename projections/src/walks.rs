@@ -52,10 +52,12 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
         // Each LATERAL subquery has a LIMIT, so none is flattened into a join (a hash join
         // over a scan of every group, or a bitmap of every waiting attempt of a group). The
         // walk of `waiting_group` yields names in order and stops where the LIMIT does; the
-        // outer ORDER BY sorts the page, never the walk. Each group is looked up as the first
-        // name from the one sought, then checked equal: only the primary key gives that
-        // order, where an equality on the name alone ties, in a plan made on empty tables,
-        // with a walk of the whole `(topic, group_name)` index (ADR 0058). The group's walk
+        // outer ORDER BY sorts the page, never the walk. Each group is looked up as the
+        // names from the one sought up to the same one, in name order: only the primary key
+        // gives that order, where an equality on the name makes the order moot and ties, in a
+        // plan made on empty tables, with a walk of the whole `(topic, group_name)` index
+        // (ADR 0058); and a range closed on both sides ends the index scan at the key, where
+        // a lower bound alone read the rest of the leaf page (ADR 0070). The group's walk
         // of its open waiters both admits it (an inner join: no open waiter, no row) and
         // answers its count and oldest waiter (ADR 0061).
         let topic = topic.replace("e.topic", "g.topic");
@@ -67,10 +69,9 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
                  o.incumbent AS oldest_incumbent, o.declared_at AS oldest_declared_at, \
                  o.attempt_at AS oldest_attempt_at \
                FROM waiting_group wg CROSS JOIN LATERAL ( \
-                 SELECT g.* FROM ( \
-                   SELECT * FROM effective_declaration g WHERE g.group_name >= wg.group_name \
-                   ORDER BY g.group_name LIMIT 1) g \
-                 WHERE g.group_name = wg.group_name{topic} LIMIT 1) g \
+                 SELECT * FROM effective_declaration g \
+                 WHERE g.group_name >= wg.group_name AND g.group_name <= wg.group_name{topic} \
+                 ORDER BY g.group_name LIMIT 1) g \
                CROSS JOIN LATERAL ({oldest}) o \
                WHERE wg.group_name > {p}1 ORDER BY wg.group_name LIMIT {p}2) e{joins} \
              ORDER BY e.group_name"

@@ -1,5 +1,5 @@
 //! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
-//! `wharf_group_rows` and `wharf_group_figures` (Postgres migrations 0015, 0022 and 0027).
+//! `wharf_group_rows` and `wharf_group_figures` (Postgres migrations 0015, 0022, 0027 and 0028).
 //!
 //! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the
 //!   texts in `projections` and `queue` (whitespace aside), and plans them once per connection
@@ -78,6 +78,7 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
             "enable_hashjoin=off",
             "enable_mergejoin=off",
             "enable_material=off",
+            "enable_memoize=off",
             "jit=off",
         ] {
             assert!(

@@ -58,10 +58,8 @@ macro_rules! figures_sql {
        COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
        d.claimable, d.in_flight, d.backing_off, \
        (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
-       (SELECT m.published_at FROM delivery f CROSS JOIN LATERAL ( \
-          SELECT n.published_at FROM message n \
-          WHERE n.topic = f.topic AND n.position = f.position OFFSET 0) m \
-          WHERE f.group_name = g.group_name ORDER BY f.position LIMIT 1), \
+       (SELECT n.published_at FROM message n \
+          WHERE n.topic = g.topic AND n.position = d.first_position), \
        clock.now, \
        (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
        GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
@@ -70,7 +68,8 @@ macro_rules! figures_sql {
          COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NOT NULL) \
            AS in_flight, \
          COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NULL) \
-           AS backing_off \
+           AS backing_off, \
+         MIN(e.position) AS first_position \
        FROM delivery e WHERE e.group_name = g.group_name) d ",
             $filter,
             "ORDER BY g.group_name"
@@ -81,11 +80,11 @@ macro_rules! figures_sql {
 /// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
 /// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned once per connection
 /// with every path but an index's off and JIT compilation off (migration 0022, ADR 0058).
-/// Each group's queue rows are read by key: its deliveries once for the three counts
-/// (`FILTER`s of one aggregate), the first of them by position for the oldest unacked message
-/// (its message read in a `LATERAL` subquery by the whole `message` key, `OFFSET 0` keeping it
-/// out of a join: a join, planned once on empty tables, walked all of `message`), its dead
-/// letters and set-aside rows counted.
+/// Each group's queue rows are read by key: its deliveries once, for the three counts
+/// (`FILTER`s of one aggregate) and the first position among them, whose message, read by the
+/// whole `message` key, is the oldest unacked one (a group consumes one topic for good, so its
+/// deliveries' topic is the group's; a second walk of the deliveries for the first one cost
+/// about a tenth of the call, ADR 0070), its dead letters and set-aside rows counted.
 pub const GROUP_FIGURES_SQL: &str = figures_sql!("WHERE g.group_name = ANY($1::text[]) ");
 
 /// The same figures of every group (`/metrics`, the CLI), planned on every call.
