@@ -82,6 +82,7 @@ pub struct HistoryEntry {
     /// Sequence within the group, from 1.
     pub sequence: i64,
     /// When the ledger recorded it (store clock).
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub recorded_at: DateTime<Utc>,
     /// `installed` (a set change) or `waiting` (blocked on a live incumbent).
     #[cfg_attr(
@@ -96,8 +97,10 @@ pub struct HistoryEntry {
     /// The requested set (empty = whole topic).
     pub patterns: Vec<String>,
     /// When the declarer first stated the set.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub declared_at: DateTime<Utc>,
     /// When this attempt ran.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub attempt_at: DateTime<Utc>,
     /// For an install: the set it replaced (null on the first install and for waits).
     #[cfg_attr(feature = "openapi", schema(required = true))]

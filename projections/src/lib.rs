@@ -28,6 +28,7 @@ pub mod open_waits;
 pub mod openapi;
 pub mod prune;
 pub mod replay;
+mod rfc3339;
 pub mod rows;
 pub mod session;
 pub mod session_views;

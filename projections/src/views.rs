@@ -49,8 +49,10 @@ pub struct EffectiveView {
     /// The installer's application version.
     pub version: String,
     /// When the installer first stated the set (start of its wait, if it waited).
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub declared_at: DateTime<Utc>,
     /// When it was installed.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub installed_at: DateTime<Utc>,
     /// The ledger position of the install.
     pub position: i64,
@@ -74,8 +76,10 @@ pub struct WaiterView {
     /// The set it waited on at its newest attempt.
     pub incumbent: Vec<String>,
     /// When it first stated its set.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub declared_at: DateTime<Utc>,
     /// Its newest attempt: its liveness as a waiter.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub last_attempt_at: DateTime<Utc>,
     /// Seconds since the waiter first stated its set, by the store's clock.
     pub waiting_seconds: f64,
@@ -94,8 +98,10 @@ pub struct InstanceView {
     /// The set it runs with.
     pub patterns: Vec<String>,
     /// When it first heartbeated.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub started_at: DateTime<Utc>,
     /// Its newest heartbeat.
+    #[serde(serialize_with = "crate::rfc3339::serialize")]
     pub heartbeat_at: DateTime<Utc>,
     /// True when the newest heartbeat is fresher than the instance TTL.
     pub live: bool,
