@@ -24,6 +24,9 @@
 //! opened and planned its calls; then halves interleave (baseline, API, baseline, API); p50
 //! and p99 are over all measured requests of a side. Ratio = baseline p99 / API p99.
 //!
+//! After the cases a second table gives each side's CPU time per request, of this process
+//! (API, HTTP client, driver) and of the Postgres server (`listing/cpu.rs`, from `/proc`): at
+//! 8 connections on two cores a page waits behind the others, so its p99 follows its CPU.
 //! `WHARF_BENCH_SIDES=api` skips the baseline (for a profiler attached to the API's work).
 //! With `WHARF_BENCH_EXPLAIN=1` the Postgres runs print `EXPLAIN (ANALYZE, BUFFERS)` of every
 //! listing statement at the ledger's size (`listing/plans.rs`); with `WHARF_BENCH_PROFILE=1`
