@@ -932,3 +932,46 @@ async fn group_figures_follow_the_queue(backend: Backend) {
     assert_eq!(figures(&stats().await), (1, 0, 0, 1, 2));
 }
 on_both_backends!(group_figures, group_figures_follow_the_queue);
+
+async fn oldest_unacked_is_the_first_delivery_by_position(backend: Backend) {
+    let store = TestStore::new(backend).await;
+    declare(&store, "g", "t", &["s/#"]).await;
+    let (g, t) = (group("g"), topic("t"));
+    let queue = Queue::new(
+        store.store.clone(),
+        QueueSettings {
+            visibility_timeout: Duration::from_secs(60),
+            ..fast()
+        },
+    );
+    let oldest = || async {
+        queue.group_stats(Some(&g)).await.unwrap()[0]
+            .oldest_unacked_seconds
+            .expect("an unacked message")
+    };
+    queue.publish_one(&t, msg("s/1")).await.unwrap();
+    queue.route(&g).await.unwrap();
+    // The second message is published a good while after the first, by the store's clock.
+    wait_until("the first message ages", DEADLINE, || async {
+        oldest().await > 0.5
+    })
+    .await;
+    queue.publish_one(&t, msg("s/2")).await.unwrap();
+    queue.route(&g).await.unwrap();
+    let with_first = oldest().await;
+    assert!(with_first > 0.5, "the first message's age: {with_first}");
+
+    let first = queue.claim(&g, "i", 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!(queue.ack(&first[0]).await.unwrap(), AckOutcome::Acked);
+    // Now the second message is the oldest unacked one: half a second younger.
+    let with_second = oldest().await;
+    assert!(
+        with_second < with_first - 0.25,
+        "after the first is acked: {with_second}, before: {with_first}"
+    );
+}
+on_both_backends!(
+    oldest_unacked,
+    oldest_unacked_is_the_first_delivery_by_position
+);
