@@ -105,7 +105,11 @@ impl Side {
         self.bytes = self.bytes.max(other.bytes);
     }
 
+    /// The `q` quantile of the side's latencies; NaN for a side not run.
     fn quantile(&mut self, q: f64) -> f64 {
+        if self.millis.is_empty() {
+            return f64::NAN;
+        }
         self.millis.sort_by(f64::total_cmp);
         let i = ((self.millis.len() as f64 - 1.0) * q).round() as usize;
         self.millis[i]
@@ -540,9 +544,6 @@ async fn run_case(
                 api_cpu.add(ended.since(between));
             }
         }
-    }
-    if api_only {
-        sql.millis.push(f64::NAN);
     }
     let (a50, a99, s50, s99) = (
         api.quantile(0.5),

@@ -2,7 +2,8 @@
 //! baseline's driver) and the Postgres server's (every process named `postgres`), so a case
 //! says where its time goes under load, not only how long a request waits. Times are in
 //! clock ticks of 10 ms (`USER_HZ`, 100 on Linux): a side's few thousand requests make them
-//! exact to a few percent. `None` where `/proc` is not readable.
+//! exact to a few percent. `None` where `/proc` is not readable. On SQLite the store works in
+//! this process, so the server's column reads zero.
 
 use std::fs;
 
