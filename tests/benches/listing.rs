@@ -62,6 +62,11 @@ use wharf_tests::ledger::append_bulk;
 use wharf_tests::{Backend, TestStore};
 
 use baseline::Read;
+
+/// The allocator `wharf serve` runs on (ADR 0071): this process serves the API as the binary
+/// would, so it allocates as the binary does (the HTTP client and the driver too).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use cpu::CpuClock;
 
 fn list(var: &str, default: &[usize]) -> Vec<usize> {

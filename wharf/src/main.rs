@@ -7,6 +7,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The service's allocator (ADR 0071): a page of the listing API spent a fifth of its own CPU
+/// in glibc's malloc and free; mimalloc's thread-local free lists take about half of that off.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let mut builder = if args.command.runs_on_one_thread() {
