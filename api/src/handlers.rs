@@ -9,7 +9,8 @@ use axum::Json;
 use serde_json::json;
 use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
-use wharf_projections::{GroupView, HistoryPage, MemberQuery};
+use wharf_projections::{CarriedFigures, HistoryPage};
+use wharf_queue::GroupQueueStats;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
@@ -153,13 +154,26 @@ async fn one_group(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let members = params::member_query(&pairs)?;
-    // One statement after the other, so a read holds one of the API's connections at a time
-    // (ADR 0067), and a group never declared costs one.
-    let view = find_group(&state, &group, &members).await?;
-    let stats = state
-        .queue()
-        .group_stats_of(std::slice::from_ref(&group))
-        .await?;
+    // On Postgres one statement reads the group and its queue figures (ADR 0071); elsewhere
+    // the figures are a second read, after the first, so a read holds one of the API's
+    // connections at a time (ADR 0067) and a group never declared costs one.
+    let (view, figures) = state
+        .read_model()
+        .group_members_with_figures(&group, &members)
+        .await?
+        .ok_or_else(|| not_declared(&group))?;
+    let stats = match figures {
+        CarriedFigures::Read(found) => found
+            .map(|row| GroupQueueStats::from_figures(group.to_string(), row))
+            .into_iter()
+            .collect(),
+        CarriedFigures::NotRead => {
+            state
+                .queue()
+                .group_stats_of(std::slice::from_ref(&group))
+                .await?
+        }
+    };
     Ok(Json(GroupDetail::new(view, stats)))
 }
 
@@ -272,20 +286,6 @@ async fn ensure_declared(state: &ApiState, group: &GroupName) -> Result<(), ApiE
 
 fn not_declared(group: &GroupName) -> ApiError {
     ApiError::not_found(format!("group {:?} was never declared", group.as_str()))
-}
-
-/// The group's view with the member pages asked for, or a 404 when it has no effective
-/// declaration.
-async fn find_group(
-    state: &ApiState,
-    group: &GroupName,
-    members: &MemberQuery,
-) -> Result<GroupView, ApiError> {
-    state
-        .read_model()
-        .group_members(group, members)
-        .await?
-        .ok_or_else(|| not_declared(group))
 }
 
 /// Validates the `{group}` path segment.

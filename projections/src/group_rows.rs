@@ -1,15 +1,57 @@
 //! One group's read on Postgres: the statement `wharf_group_rows` runs (Postgres migration
 //! 0027, ADR 0065) and the decoding of its rows, the group's own first and then one row per
-//! member of each page, into the listing's rows.
+//! member of each page, into the listing's rows; and the same statement with the group's
+//! queue figures on its row, which `wharf_group_read` runs (migration 0029, ADR 0071).
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use wharf_store::event::from_micros;
-use wharf_store::{InstanceRecord, PgStore, StoreError};
+use wharf_store::{GroupFiguresRow, InstanceRecord, PgStore, StoreError};
 
 use crate::listing::{MemberKeys, PageRows};
 use crate::summary::Snapshot;
 use crate::views::{EffectiveRow, WaitingRow};
+
+/// The one-group statement with `$figures` after the group row's columns, `$join` after its
+/// `FROM`, and `$nulls` after each member row's columns: one text for the read with the
+/// queue figures and the read without.
+macro_rules! group_rows_sql {
+    ($figures:literal, $join:literal, $nulls:literal) => {
+        concat!(
+            "WITH meta AS (SELECT clock_timestamp() AS now, \
+       COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
+       COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
+         AS checkpoint), \
+     e AS (SELECT * FROM effective_declaration g \
+         WHERE g.group_name >= $1 AND g.group_name <= $1 ORDER BY g.group_name LIMIT 1) \
+     SELECT 0::smallint, m.now, m.head, m.checkpoint, e.group_name, e.declarer, e.topic, \
+       e.version, e.patterns, e.previous, NULL::text[], e.declared_at, e.attempt_at, \
+       e.position, e.installs, NULL::timestamptz, NULL::timestamptz",
+            $figures,
+            " FROM meta m LEFT JOIN e ON true",
+            $join,
+            " UNION ALL \
+     SELECT 1::smallint, NULL, NULL, NULL, NULL, a.declarer, NULL, a.version, a.patterns, \
+       NULL, a.incumbent, a.declared_at, a.attempt_at, NULL, NULL, NULL, NULL",
+            $nulls,
+            " FROM e CROSS JOIN LATERAL ( \
+       SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
+       FROM declarer_attempt a WHERE a.group_name = e.group_name \
+       AND a.status = 'waiting' AND a.patterns <> e.patterns \
+       AND (a.declared_at, a.declarer) > \
+           (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
+       ORDER BY a.declared_at, a.declarer LIMIT $4) a \
+     UNION ALL \
+     SELECT 2::smallint, NULL, NULL, NULL, NULL, i.declarer, i.topic, i.version, i.patterns, \
+       NULL, NULL, NULL, NULL, NULL, NULL, i.started_at, i.heartbeat_at",
+            $nulls,
+            " FROM e CROSS JOIN LATERAL ( \
+       SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
+       FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
+       ORDER BY w.declarer LIMIT $4) i"
+        )
+    };
+}
 
 /// One group with a page of its waiters and of its instances, the store's clock and the
 /// catch-up check, as one statement: `$1` the group, `$2`, `$3` the waiter key (NULL: from
@@ -22,38 +64,30 @@ use crate::views::{EffectiveRow, WaitingRow};
 /// `$1`: reads only a key's order answers, so the plan the function makes once per connection
 /// reads by key whatever the tables held then (ADR 0058), and the range, closed on both
 /// sides, ends the index scan at the key (ADR 0070).
-pub const PG_GROUP_ROWS: &str = "WITH meta AS (SELECT clock_timestamp() AS now, \
-       COALESCE((SELECT position FROM events ORDER BY position DESC LIMIT 1), 0) AS head, \
-       COALESCE((SELECT position FROM projection_checkpoint WHERE projector = $6), 0) \
-         AS checkpoint), \
-     e AS (SELECT * FROM effective_declaration g \
-         WHERE g.group_name >= $1 AND g.group_name <= $1 ORDER BY g.group_name LIMIT 1) \
-     SELECT 0::smallint, m.now, m.head, m.checkpoint, e.group_name, e.declarer, e.topic, \
-       e.version, e.patterns, e.previous, NULL::text[], e.declared_at, e.attempt_at, \
-       e.position, e.installs, NULL::timestamptz, NULL::timestamptz \
-     FROM meta m LEFT JOIN e ON true \
-     UNION ALL \
-     SELECT 1::smallint, NULL, NULL, NULL, NULL, a.declarer, NULL, a.version, a.patterns, \
-       NULL, a.incumbent, a.declared_at, a.attempt_at, NULL, NULL, NULL, NULL \
-     FROM e CROSS JOIN LATERAL ( \
-       SELECT a.declarer, a.version, a.patterns, a.incumbent, a.declared_at, a.attempt_at \
-       FROM declarer_attempt a WHERE a.group_name = e.group_name \
-       AND a.status = 'waiting' AND a.patterns <> e.patterns \
-       AND (a.declared_at, a.declarer) > \
-           (COALESCE($2::timestamptz, '-infinity'), COALESCE($3::text, '')) \
-       ORDER BY a.declared_at, a.declarer LIMIT $4) a \
-     UNION ALL \
-     SELECT 2::smallint, NULL, NULL, NULL, NULL, i.declarer, i.topic, i.version, i.patterns, \
-       NULL, NULL, NULL, NULL, NULL, NULL, i.started_at, i.heartbeat_at \
-     FROM e CROSS JOIN LATERAL ( \
-       SELECT w.declarer, w.topic, w.version, w.patterns, w.started_at, w.heartbeat_at \
-       FROM worker_instance w WHERE w.group_name = e.group_name AND w.declarer > $5 \
-       ORDER BY w.declarer LIMIT $4) i";
+pub const PG_GROUP_ROWS: &str = group_rows_sql!("", "", "");
+
+/// [`PG_GROUP_ROWS`] with the group's queue figures on the group's row (ADR 0071): the
+/// columns `wharf_group_figures` answers after the name, by a lateral call of it for the one
+/// group found (none for a group never declared; NULL when the group has no queue row); NULL
+/// on the members' rows. `wharf_group_read` (Postgres migration 0029) runs it, so one group's
+/// API read is one statement, one round trip, one connection returned to the pool.
+pub const PG_GROUP_READ: &str = group_rows_sql!(
+    ", f.r_topic, f.r_routed_position, f.r_head, f.r_claimable, f.r_in_flight, \
+     f.r_backing_off, f.r_dead_letters, f.r_oldest_published_at, f.r_now, f.r_set_aside, \
+     f.r_rescan_remaining",
+    " LEFT JOIN LATERAL wharf_group_figures(ARRAY[e.group_name]) f ON true",
+    ", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+);
 
 /// The call that reads one group on Postgres: `wharf_group_rows` (Postgres migration 0027)
 /// runs [`PG_GROUP_ROWS`] with its arguments. (`wharf_group_view`, migrations 0015 and 0022,
 /// the same read with each list as JSON text, stays for builds before ADR 0065.)
 pub const PG_GROUP_ROWS_CALL: &str = "SELECT * FROM wharf_group_rows($1, $2, $3, $4, $5, $6)";
+
+/// The call that reads one group with its queue figures on Postgres: `wharf_group_read`
+/// (Postgres migration 0029) runs [`PG_GROUP_READ`] with the arguments of
+/// [`PG_GROUP_ROWS_CALL`].
+pub const PG_GROUP_READ_CALL: &str = "SELECT * FROM wharf_group_read($1, $2, $3, $4, $5, $6)";
 
 /// What a row of [`PG_GROUP_ROWS`] holds, its first column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,12 +119,17 @@ mod col {
     pub const INSTALLS: usize = 14;
     pub const STARTED_AT: usize = 15;
     pub const HEARTBEAT_AT: usize = 16;
+    /// The first of the queue figures' columns ([`super::PG_GROUP_READ`] only).
+    pub const FIGURES: usize = 17;
 }
 
 /// Decodes [`PG_GROUP_ROWS`]' rows in the order they came back: the group's row (the clock,
 /// the catch-up check, the effective row), then its members; checks the group's row leads and
-/// no other repeats it.
-fn decode(found: Vec<PgRow>) -> Result<Snapshot<PageRows>, StoreError> {
+/// no other repeats it. With `figures`, the group's row carries its queue figures too.
+fn decode(
+    found: Vec<PgRow>,
+    figures: bool,
+) -> Result<(Snapshot<PageRows>, Option<GroupFiguresRow>), StoreError> {
     let mut found = found.into_iter();
     let head = found
         .next()
@@ -109,7 +148,12 @@ fn decode(found: Vec<PgRow>) -> Result<Snapshot<PageRows>, StoreError> {
         },
     };
     let Some(name) = head.try_get::<Option<String>, _>(col::GROUP)? else {
-        return Ok(read);
+        return Ok((read, None));
+    };
+    let carried = if figures {
+        GroupFiguresRow::from_pg(&head, col::FIGURES)?
+    } else {
+        None
     };
     read.rows
         .effective
@@ -124,7 +168,7 @@ fn decode(found: Vec<PgRow>) -> Result<Snapshot<PageRows>, StoreError> {
             GroupRowKind::Group => return Err(unexpected("a second group row")),
         }
     }
-    Ok(read)
+    Ok((read, carried))
 }
 
 /// The call returned rows in a shape its migration does not make.
@@ -182,20 +226,27 @@ fn group_instance(row: &PgRow, group: String) -> Result<InstanceRecord, StoreErr
     })
 }
 
-/// One group with a page of its members, the clock and the catch-up check: one statement.
+/// One group with a page of its members, the clock and the catch-up check, and with
+/// `figures` its queue figures (`Some(None)`: it has no queue row): one statement.
 pub(crate) async fn pg_group_snapshot(
     store: &PgStore,
     group: String,
     keys: &MemberKeys,
-) -> Result<Snapshot<PageRows>, StoreError> {
+    figures: bool,
+) -> Result<(Snapshot<PageRows>, Option<Option<GroupFiguresRow>>), StoreError> {
     let (after_at, after_declarer) = keys
         .waiters_after
         .clone()
         .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
         .unwrap_or((None, None));
     // The call is a statement each connection prepares once (ADR 0046); the function plans
-    // [`PG_GROUP_ROWS`] once per connection, by key whatever the statistics (ADR 0058).
-    let found = sqlx::query(PG_GROUP_ROWS_CALL)
+    // its statement once per connection, by key whatever the statistics (ADR 0058).
+    let call = if figures {
+        PG_GROUP_READ_CALL
+    } else {
+        PG_GROUP_ROWS_CALL
+    };
+    let found = sqlx::query(call)
         .bind(&group)
         .bind(after_at)
         .bind(after_declarer)
@@ -204,5 +255,6 @@ pub(crate) async fn pg_group_snapshot(
         .bind(crate::declaration::DeclarerAttempts::NAME)
         .fetch_all(store.pool())
         .await?;
-    decode(found)
+    let (read, carried) = decode(found, figures)?;
+    Ok((read, figures.then_some(carried)))
 }

@@ -42,7 +42,8 @@ use std::sync::Arc;
 use listing::{MemberKeys, MAX_PAGE};
 use wharf_domain::GroupName;
 use wharf_store::{
-    PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store, StoreError,
+    GroupFiguresRow, PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store,
+    StoreError,
 };
 
 pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
@@ -103,6 +104,17 @@ pub struct ProjectionLag {
     pub projector: &'static str,
     /// Events in the log after its checkpoint.
     pub behind: i64,
+}
+
+/// What a one-group read found of the group's queue figures (ADR 0071).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CarriedFigures {
+    /// Read by the same statement (Postgres): the group's figures, or `None` when it has no
+    /// queue row.
+    Read(Option<GroupFiguresRow>),
+    /// Not read (SQLite, where a second read costs no round trip, or a read that did not ask
+    /// for them): ask the queue.
+    NotRead,
 }
 
 /// The read model over a store: listing, audit, catch-up, rebuild, prune.
@@ -298,8 +310,10 @@ impl ReadModel {
 
     /// One group with all its waiters and instances, or `None` when it was never declared.
     pub async fn group(&self, group: &GroupName) -> Result<Option<GroupView>, ProjectionError> {
-        self.read_group(group, MemberKeys::first(MEMBERS_ALL), MEMBERS_ALL)
-            .await
+        let read = self
+            .read_group(group, MemberKeys::first(MEMBERS_ALL), MEMBERS_ALL, false)
+            .await?;
+        Ok(read.map(|(view, _)| view))
     }
 
     /// One group with a page of its waiters and a page of its instances (each from its own
@@ -312,7 +326,22 @@ impl ReadModel {
         query: &MemberQuery,
     ) -> Result<Option<GroupView>, ProjectionError> {
         query.validate()?;
-        self.read_group(group, MemberKeys::new(query), query.limit)
+        let read = self
+            .read_group(group, MemberKeys::new(query), query.limit, false)
+            .await?;
+        Ok(read.map(|(view, _)| view))
+    }
+
+    /// [`Self::group_members`] with the group's queue figures where the same statement can
+    /// carry them (Postgres, `wharf_group_read`, ADR 0071): the API's one-group read, one
+    /// round trip instead of two. On SQLite the figures are [`CarriedFigures::NotRead`].
+    pub async fn group_members_with_figures(
+        &self,
+        group: &GroupName,
+        query: &MemberQuery,
+    ) -> Result<Option<(GroupView, CarriedFigures)>, ProjectionError> {
+        query.validate()?;
+        self.read_group(group, MemberKeys::new(query), query.limit, true)
             .await
     }
 
@@ -321,32 +350,39 @@ impl ReadModel {
         group: &GroupName,
         keys: MemberKeys,
         members: u32,
-    ) -> Result<Option<GroupView>, ProjectionError> {
-        let mut read = self.read_group_once(group, &keys).await?;
+        figures: bool,
+    ) -> Result<Option<(GroupView, CarriedFigures)>, ProjectionError> {
+        let (mut read, mut carried) = self.read_group_once(group, &keys, figures).await?;
         if read.behind {
             self.catch_up().await?;
-            read = self.read_group_once(group, &keys).await?;
+            (read, carried) = self.read_group_once(group, &keys, figures).await?;
         }
-        Ok(
-            listing::page(read.rows, 1, members, read.now, self.instance_ttl)
-                .groups
-                .into_iter()
-                .next(),
-        )
+        let view = listing::page(read.rows, 1, members, read.now, self.instance_ttl)
+            .groups
+            .into_iter()
+            .next();
+        Ok(view.map(|view| (view, carried)))
     }
 
     async fn read_group_once(
         &self,
         group: &GroupName,
         keys: &MemberKeys,
-    ) -> Result<summary::Snapshot<listing::PageRows>, StoreError> {
+        figures: bool,
+    ) -> Result<(summary::Snapshot<listing::PageRows>, CarriedFigures), StoreError> {
         let group = group.to_string();
         match &self.store {
             Store::Sqlite(s) => {
                 let now = s.now().await?;
-                rows::sqlite_group_snapshot(s, group, keys.clone(), now).await
+                let read = rows::sqlite_group_snapshot(s, group, keys.clone(), now).await?;
+                Ok((read, CarriedFigures::NotRead))
             }
-            Store::Postgres(s) => group_rows::pg_group_snapshot(s, group, keys).await,
+            Store::Postgres(s) => {
+                let (read, carried) =
+                    group_rows::pg_group_snapshot(s, group, keys, figures).await?;
+                let carried = carried.map_or(CarriedFigures::NotRead, CarriedFigures::Read);
+                Ok((read, carried))
+            }
         }
     }
 

@@ -21,7 +21,7 @@ use crate::listing::{MemberKeys, PageRows};
 use crate::summary::Snapshot;
 use crate::views::{EffectiveRow, WaitingRow};
 
-pub use crate::group_rows::{PG_GROUP_ROWS, PG_GROUP_ROWS_CALL};
+pub use crate::group_rows::{PG_GROUP_READ, PG_GROUP_READ_CALL, PG_GROUP_ROWS, PG_GROUP_ROWS_CALL};
 
 fn parse_list(text: &str) -> Result<Vec<String>, StoreError> {
     serde_json::from_str(text).map_err(|e| StoreError::decode(0, e))

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use wharf_domain::{Subject, ValidationError};
+use wharf_store::GroupFiguresRow;
 
 /// The largest payload one message may carry.
 pub const MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
@@ -333,6 +334,29 @@ pub struct GroupQueueStats {
     pub set_aside: i64,
     /// Log positions the install in effect still has to rescan after its swap.
     pub rescan_remaining: i64,
+}
+
+impl GroupQueueStats {
+    /// The figures of `group` as the database computed them (`wharf_group_figures`, or a read
+    /// that carries its columns, ADR 0071): the lag from the topic's head, the oldest unacked
+    /// message's age from the database's clock.
+    pub fn from_figures(group: String, row: GroupFiguresRow) -> Self {
+        Self {
+            group,
+            topic: row.topic,
+            routed_position: row.routed_position,
+            routed_lag: (row.head - row.routed_position).max(0),
+            claimable: row.claimable,
+            in_flight: row.in_flight,
+            backing_off: row.backing_off,
+            dead_letters: row.dead_letters,
+            oldest_unacked_seconds: row
+                .oldest_published_at
+                .map(|at| (row.now - at).num_microseconds().unwrap_or(0) as f64 / 1e6),
+            set_aside: row.set_aside,
+            rescan_remaining: row.rescan_remaining,
+        }
+    }
 }
 
 impl SwapReport {

@@ -18,6 +18,7 @@ pub mod deadline;
 pub mod error;
 pub mod event;
 pub mod executor;
+pub mod figures;
 pub mod group;
 pub mod group_state;
 pub mod migrate;
@@ -38,6 +39,7 @@ pub use executor::{
     Assumed, AttemptForm, Attempted, Decide, Decision, LockedAggregate, PgGuard, PgLock, Snapshot,
     StreamLock, Write,
 };
+pub use figures::GroupFiguresRow;
 pub use group::{
     GroupDecision, GroupExtra, GroupLock, GroupObserved, GroupSnapshot, GroupWrite,
     LiveInstanceRow, OpenWaitRow,

@@ -74,6 +74,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(26, "postgres", "0026_binding_rows_as_view.sql"),
     migration!(27, "postgres", "0027_group_view_as_rows.sql"),
     migration!(28, "postgres", "0028_lookups_end_at_their_key.sql"),
+    migration!(29, "postgres", "0029_group_read_with_figures.sql"),
 ];
 
 /// The schema version this build needs.

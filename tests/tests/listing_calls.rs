@@ -1,5 +1,6 @@
 //! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
-//! `wharf_group_rows` and `wharf_group_figures` (Postgres migrations 0015, 0022, 0027 and 0028).
+//! `wharf_group_rows`, `wharf_group_figures` and `wharf_group_read` (Postgres migrations 0015,
+//! 0022, 0027, 0028 and 0029).
 //!
 //! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the
 //!   texts in `projections` and `queue` (whitespace aside), and plans them once per connection
@@ -17,7 +18,7 @@
 use rusqlite::StatementStatus;
 use serde_json::Value;
 use wharf::store::Store;
-use wharf_projections::rows::PG_GROUP_ROWS;
+use wharf_projections::rows::{PG_GROUP_READ, PG_GROUP_ROWS};
 use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
 
@@ -36,9 +37,10 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
         .into_iter()
         .map(|(topic, waiting)| pg_summary_sql(topic, waiting))
         .collect();
-    let expected: [(&str, Vec<String>); 3] = [
+    let expected: [(&str, Vec<String>); 4] = [
         ("wharf_group_summaries", summaries),
         ("wharf_group_rows", vec![PG_GROUP_ROWS.to_owned()]),
+        ("wharf_group_read", vec![PG_GROUP_READ.to_owned()]),
         (
             "wharf_group_figures",
             vec![wharf_queue::plans::GROUP_FIGURES.to_owned()],
@@ -88,7 +90,7 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
         }
         // The one-group read's kinds of rows come back branch after branch (ADR 0065): no
         // parallel append may interleave them.
-        if function == "wharf_group_rows" {
+        if function == "wharf_group_rows" || function == "wharf_group_read" {
             assert!(
                 config
                     .iter()
@@ -168,6 +170,13 @@ fn calls() -> Vec<(&'static str, String, i64)> {
         (
             "one group",
             "SELECT * FROM wharf_group_rows('g005007', NULL, NULL, 101, '', \
+             'declarer_attempts')"
+                .to_owned(),
+            GROUP_BOUND,
+        ),
+        (
+            "one group with its queue figures",
+            "SELECT * FROM wharf_group_read('g005007', NULL, NULL, 101, '', \
              'declarer_attempts')"
                 .to_owned(),
             GROUP_BOUND,

@@ -18,7 +18,8 @@ use sqlx::postgres::PgArguments;
 use sqlx::Arguments;
 use wharf::store::Store;
 use wharf_projections::rows::{
-    one_sql, page_sql, PG_GROUP_ROWS, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES, SQLITE_WAITERS,
+    one_sql, page_sql, PG_GROUP_READ, PG_GROUP_ROWS, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES,
+    SQLITE_WAITERS,
 };
 use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
@@ -331,10 +332,12 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     );
     listing_call_settings(&mut conn, false).await;
     // One group in one statement: its effective row, a page of each list, the clock, the
-    // check; the crash-looping group's first waiters and a group's instances after a key.
-    for (what, group, at, declarer, instances_after) in [
+    // check; the crash-looping group's first waiters and a group's instances after a key;
+    // without its queue figures and with them (ADR 0071).
+    for (what, statement, group, at, declarer, instances_after) in [
         (
             "one-statement group (crash-looping)",
+            PG_GROUP_ROWS,
             "g005007",
             none_at,
             none_declarer.clone(),
@@ -342,17 +345,26 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
         ),
         (
             "one-statement group",
+            PG_GROUP_ROWS,
             "g010000",
             none_at,
             none_declarer.clone(),
             "i0",
+        ),
+        (
+            "one-statement group with its figures (crash-looping)",
+            PG_GROUP_READ,
+            "g005007",
+            none_at,
+            none_declarer.clone(),
+            "",
         ),
     ] {
         scanned.extend(
             explain(
                 &mut conn,
                 what,
-                PG_GROUP_ROWS,
+                statement,
                 PAGE,
                 args![
                     group,

@@ -1,7 +1,9 @@
 //! Listing figures for topics and groups on Postgres.
 
 use chrono::{DateTime, Utc};
-use wharf_store::PgStore;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use wharf_store::{GroupFiguresRow, PgStore};
 
 use crate::error::QueueError;
 use crate::message::{GroupQueueStats, SwapRecord, TopicStats};
@@ -19,21 +21,6 @@ pub(crate) async fn topic_stats(store: &PgStore) -> Result<Vec<TopicStats>, Queu
         .map(|(topic, head, size)| TopicStats { topic, head, size })
         .collect())
 }
-
-type GroupRow = (
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<DateTime<Utc>>,
-    DateTime<Utc>,
-    i64,
-    i64,
-);
 
 /// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
 /// age of its oldest unacked message; of one group, or of the groups named (a listing page:
@@ -96,55 +83,33 @@ pub(crate) async fn group_stats_of(
     store: &PgStore,
     groups: &[String],
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
-    let rows: Vec<GroupRow> = sqlx::query_as("SELECT * FROM wharf_group_figures($1)")
+    let rows = sqlx::query("SELECT * FROM wharf_group_figures($1)")
         .bind(groups)
         .fetch_all(store.pool())
         .await?;
-    Ok(stats_from(rows))
+    stats_from(&rows)
 }
 
 async fn stats_rows(store: &PgStore, sql: &str) -> Result<Vec<GroupQueueStats>, QueueError> {
-    let query = sqlx::query_as::<_, GroupRow>(sql);
     // Planned on every call: a plan cached while `delivery` was empty would count by a
     // sequential scan of it forever.
-    let rows: Vec<GroupRow> = query.persistent(false).fetch_all(store.pool()).await?;
-    Ok(stats_from(rows))
+    let rows = sqlx::query(sql)
+        .persistent(false)
+        .fetch_all(store.pool())
+        .await?;
+    stats_from(&rows)
 }
 
-fn stats_from(rows: Vec<GroupRow>) -> Vec<GroupQueueStats> {
-    rows.into_iter()
-        .map(
-            |(
-                group,
-                topic,
-                routed,
-                head,
-                claimable,
-                in_flight,
-                backing_off,
-                dead,
-                oldest,
-                now,
-                set_aside,
-                rescan_remaining,
-            )| {
-                GroupQueueStats {
-                    group,
-                    topic,
-                    routed_position: routed,
-                    routed_lag: (head - routed).max(0),
-                    claimable,
-                    in_flight,
-                    backing_off,
-                    dead_letters: dead,
-                    oldest_unacked_seconds: oldest
-                        .map(|at| (now - at).num_microseconds().unwrap_or(0) as f64 / 1e6),
-                    set_aside,
-                    rescan_remaining,
-                }
-            },
-        )
-        .collect()
+/// Each row's group (column 0) and its figures (the columns after it).
+fn stats_from(rows: &[PgRow]) -> Result<Vec<GroupQueueStats>, QueueError> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let group: String = row.try_get(0)?;
+        if let Some(figures) = GroupFiguresRow::from_pg(row, 1)? {
+            out.push(GroupQueueStats::from_figures(group, figures));
+        }
+    }
+    Ok(out)
 }
 
 type SwapRow = (i64, Vec<String>, DateTime<Utc>, i64, i64, i64, i64, i64);
