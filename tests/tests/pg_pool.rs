@@ -158,7 +158,10 @@ async fn a_pool_of_its_own_bounds_its_connections_and_ends_a_stuck_statement() {
     assert_eq!(code.as_deref(), Some("57014"), "query_canceled: {blocked}");
 
     // Its only connection is busy while a read waits on the lock: a second caller waits for
-    // it, and gets it once the first read's statement has been ended.
+    // it, and gets it once the first read's statement has been ended. The pool's acquire
+    // timeout is its statement timeout (ADR 0067), so the second caller starts waiting once
+    // the first has been blocked for half of it: the first statement then ends, and its
+    // connection comes back after the cancel and a round trip, well inside the second's wait.
     let first = {
         let pool = own_pg.pool().clone();
         tokio::spawn(async move {
@@ -168,14 +171,15 @@ async fn a_pool_of_its_own_bounds_its_connections_and_ends_a_stuck_statement() {
         })
     };
     wharf_tests::wait_until(
-        "the first read waits on the lock",
+        "the first read has waited on the lock for half its timeout",
         Duration::from_secs(20),
         || {
             let pool = pg.pool().clone();
             async move {
                 sqlx::query_scalar::<_, i64>(
                     "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                 AND query LIKE 'SELECT COUNT(*) FROM consumer_group%'",
+                 AND query LIKE 'SELECT COUNT(*) FROM consumer_group%' \
+                 AND clock_timestamp() - query_start > interval '200 milliseconds'",
                 )
                 .fetch_one(&pool)
                 .await

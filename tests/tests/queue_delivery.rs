@@ -49,6 +49,24 @@ fn fast() -> QueueSettings {
     }
 }
 
+/// Claims the group's next claimable message with one attempt allowed and nacks it: it is
+/// buried in the dead letters.
+async fn bury_next(store: &TestStore, g: &GroupName) {
+    let strict = Queue::new(
+        store.store.clone(),
+        QueueSettings {
+            max_attempts: 1,
+            ..fast()
+        },
+    );
+    let doomed = strict.claim(g, "k", 1).await.unwrap();
+    assert_eq!(doomed.len(), 1);
+    assert_eq!(
+        strict.nack(&doomed[0], "fatal").await.unwrap(),
+        NackOutcome::DeadLettered
+    );
+}
+
 /// The reference answer: does the set (empty = whole topic) want `subject`? Uses the plain
 /// one-filter comparison, not the trie the router uses.
 fn wants(patterns: &[&str], subject: &str) -> bool {
@@ -899,19 +917,7 @@ async fn group_figures_follow_the_queue(backend: Backend) {
     .await;
 
     // A dead letter counts once it is buried.
-    let strict = Queue::new(
-        store.store.clone(),
-        QueueSettings {
-            max_attempts: 1,
-            ..fast()
-        },
-    );
-    let doomed = strict.claim(&g, "k", 1).await.unwrap();
-    assert_eq!(doomed.len(), 1);
-    assert_eq!(
-        strict.nack(&doomed[0], "fatal").await.unwrap(),
-        NackOutcome::DeadLettered
-    );
+    bury_next(&store, &g).await;
     // Claims go in position order, so the lapsed message comes first: its only attempt was used
     // by the lapsed claim, so it is buried on the way, and the claim takes the next one.
     assert_eq!(figures(&stats().await), (0, 1, 0, 1, 2));
@@ -1058,19 +1064,7 @@ async fn one_group_read_carries_the_queue_figures(backend: Backend) {
         panic!("expected a retry");
     };
     agree("one acked, one backing off, one in flight").await;
-    let strict = Queue::new(
-        store.store.clone(),
-        QueueSettings {
-            max_attempts: 1,
-            ..fast()
-        },
-    );
-    let doomed = strict.claim(&g, "k", 1).await.unwrap();
-    assert_eq!(doomed.len(), 1);
-    assert_eq!(
-        strict.nack(&doomed[0], "fatal").await.unwrap(),
-        NackOutcome::DeadLettered
-    );
+    bury_next(&store, &g).await;
     agree("a dead letter").await;
     let figures = queue
         .group_stats_of(std::slice::from_ref(&g))
