@@ -11,6 +11,7 @@ use wharf_store::{GroupFiguresRow, InstanceRecord, PgStore, StoreError};
 use crate::listing::{MemberKeys, PageRows};
 use crate::summary::Snapshot;
 use crate::views::{EffectiveRow, WaitingRow};
+use crate::CarriedFigures;
 
 /// The one-group statement with `$figures` after the group row's columns, `$join` after its
 /// `FROM`, and `$nulls` after each member row's columns: one text for the read with the
@@ -227,13 +228,13 @@ fn group_instance(row: &PgRow, group: String) -> Result<InstanceRecord, StoreErr
 }
 
 /// One group with a page of its members, the clock and the catch-up check, and with
-/// `figures` its queue figures (`Some(None)`: it has no queue row): one statement.
+/// `figures` its queue figures: one statement.
 pub(crate) async fn pg_group_snapshot(
     store: &PgStore,
     group: String,
     keys: &MemberKeys,
     figures: bool,
-) -> Result<(Snapshot<PageRows>, Option<Option<GroupFiguresRow>>), StoreError> {
+) -> Result<(Snapshot<PageRows>, CarriedFigures), StoreError> {
     let (after_at, after_declarer) = keys
         .waiters_after
         .clone()
@@ -256,5 +257,10 @@ pub(crate) async fn pg_group_snapshot(
         .fetch_all(store.pool())
         .await?;
     let (read, carried) = decode(found, figures)?;
-    Ok((read, figures.then_some(carried)))
+    let carried = if figures {
+        CarriedFigures::Read(carried)
+    } else {
+        CarriedFigures::NotRead
+    };
+    Ok((read, carried))
 }

@@ -377,12 +377,7 @@ impl ReadModel {
                 let read = rows::sqlite_group_snapshot(s, group, keys.clone(), now).await?;
                 Ok((read, CarriedFigures::NotRead))
             }
-            Store::Postgres(s) => {
-                let (read, carried) =
-                    group_rows::pg_group_snapshot(s, group, keys, figures).await?;
-                let carried = carried.map_or(CarriedFigures::NotRead, CarriedFigures::Read);
-                Ok((read, carried))
-            }
+            Store::Postgres(s) => group_rows::pg_group_snapshot(s, group, keys, figures).await,
         }
     }
 

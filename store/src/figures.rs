@@ -37,12 +37,9 @@ pub struct GroupFiguresRow {
     pub rescan_remaining: i64,
 }
 
-/// How many columns the figures take after the group's name.
-pub const FIGURES_COLUMNS: usize = 11;
-
 impl GroupFiguresRow {
-    /// The figures in `row`'s columns `first..first + FIGURES_COLUMNS`, in the order
-    /// `wharf_group_figures` returns them after the name; `None` when the topic column is
+    /// The figures in `row`'s eleven columns from `first`, in the order `wharf_group_figures`
+    /// returns them after the name; `None` when the topic column is
     /// NULL (a read that carries the figures found no queue row for the group).
     pub fn from_pg(row: &PgRow, first: usize) -> Result<Option<Self>, StoreError> {
         let Some(topic) = row.try_get::<Option<String>, _>(first)? else {
