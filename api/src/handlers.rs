@@ -9,7 +9,7 @@ use axum::Json;
 use serde_json::json;
 use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
-use wharf_projections::{CarriedFigures, HistoryPage};
+use wharf_projections::{CarriedFigures, HistoryPage, PageFigures};
 use wharf_queue::GroupQueueStats;
 
 use crate::error::{ApiError, ErrorBody};
@@ -90,15 +90,16 @@ async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, A
 }
 
 /// A page of the declared groups (by name, from the `after` cursor, filtered by `topic` and
-/// `waiting`) joined by name with their queue figures, each read by key. The two reads are not
-/// one snapshot: figures may be a moment apart from the declarations.
+/// `waiting`) joined by name with their queue figures, each read by key: on Postgres in the
+/// same statement, one snapshot (ADR 0072); on SQLite by a second read, so the figures may be
+/// a moment apart from the declarations.
 #[utoipa::path(
     get,
     path = "/api/v1/groups",
     operation_id = "listGroups",
     tag = "groups",
     summary = "A page of the declared consumer groups",
-    description = "One page of groups, ordered by group name, each as a summary: its effective declaration, how many open waiters it has (counted up to 100, with `more` true beyond), how many instances it has recorded and how many of them are live (exact counts: a group's fleet), its oldest open waiter, and its queue figures. The waiters and instances themselves are paged by `GET /api/v1/groups/{group}`. Page with `after`: pass the previous page's `next_after` verbatim; it is null on the last page. Paging is by key (the group name), so a walk never lists a group twice and lists every group that existed throughout it exactly once, while other groups are created. Every read is by index: a page costs what its size and its groups' fleets cost, whatever the number of groups, their waiters or the length of the ledger. Any other query parameter, or one given twice, is refused with 400. The declarations and the queue figures are two reads, not one snapshot.",
+    description = "One page of groups, ordered by group name, each as a summary: its effective declaration, how many open waiters it has (counted up to 100, with `more` true beyond), how many instances it has recorded and how many of them are live (exact counts: a group's fleet), its oldest open waiter, and its queue figures. The waiters and instances themselves are paged by `GET /api/v1/groups/{group}`. Page with `after`: pass the previous page's `next_after` verbatim; it is null on the last page. Paging is by key (the group name), so a walk never lists a group twice and lists every group that existed throughout it exactly once, while other groups are created. Every read is by index: a page costs what its size and its groups' fleets cost, whatever the number of groups, their waiters or the length of the ledger. Any other query parameter, or one given twice, is refused with 400. On Postgres the declarations and the queue figures are one snapshot; on SQLite they are two reads, a moment apart.",
     params(params::GroupsParamsDoc),
     responses(
         (status = 200, description = "The page (an empty list when no group matches).", body = GroupList),
@@ -114,13 +115,23 @@ async fn list_groups(
     let Query(pairs) =
         query.map_err(|rejection| ApiError::invalid("query", "", rejection.body_text()))?;
     let query = params::groups_query(&pairs)?;
-    let page = state.read_model().groups_page(&query).await?;
-    let names: Vec<GroupName> = page
-        .groups
-        .iter()
-        .filter_map(|g| GroupName::parse("group", &g.group).ok())
-        .collect();
-    let stats = state.queue().group_stats_of(&names).await?;
+    // On Postgres one statement reads the page and its queue figures (ADR 0072); elsewhere
+    // the figures are a second read of the page's groups, by key.
+    let (page, figures) = state.read_model().groups_page_with_figures(&query).await?;
+    let stats = match figures {
+        PageFigures::Read(found) => found
+            .into_iter()
+            .map(|(group, row)| GroupQueueStats::from_figures(group, row))
+            .collect(),
+        PageFigures::NotRead => {
+            let names: Vec<GroupName> = page
+                .groups
+                .iter()
+                .filter_map(|g| GroupName::parse("group", &g.group).ok())
+                .collect();
+            state.queue().group_stats_of(&names).await?
+        }
+    };
     Ok(Json(GroupList {
         groups: GroupEntry::join(page.groups, stats),
         next_after: page.next_after,

@@ -117,6 +117,16 @@ pub enum CarriedFigures {
     NotRead,
 }
 
+/// What a listing page's read found of its groups' queue figures (ADR 0072).
+#[derive(Debug, Clone, PartialEq)]
+pub enum PageFigures {
+    /// Read by the same statement (Postgres): each listed group's figures, by name, in the
+    /// page's order; a group without a queue row is left out.
+    Read(Vec<(String, GroupFiguresRow)>),
+    /// Not read (SQLite, where a second read costs no round trip): ask the queue.
+    NotRead,
+}
+
 /// The read model over a store: listing, audit, catch-up, rebuild, prune.
 #[derive(Clone)]
 pub struct ReadModel {
@@ -252,6 +262,24 @@ impl ReadModel {
     /// answers the catch-up check; when the projector was behind, it catches up and reads
     /// again, so a caller reads its own writes.
     pub async fn groups_page(&self, query: &GroupQuery) -> Result<SummaryPage, ProjectionError> {
+        Ok(self.read_groups_page(query, false).await?.0)
+    }
+
+    /// [`Self::groups_page`] with the listed groups' queue figures where the same statement
+    /// can carry them (Postgres, `wharf_group_page`, ADR 0072): the API's page, one snapshot
+    /// and one round trip instead of two. On SQLite the figures are [`PageFigures::NotRead`].
+    pub async fn groups_page_with_figures(
+        &self,
+        query: &GroupQuery,
+    ) -> Result<(SummaryPage, PageFigures), ProjectionError> {
+        self.read_groups_page(query, true).await
+    }
+
+    async fn read_groups_page(
+        &self,
+        query: &GroupQuery,
+        figures: bool,
+    ) -> Result<(SummaryPage, PageFigures), ProjectionError> {
         query.validate()?;
         let page = rows::PageKeys {
             after: query
@@ -262,12 +290,18 @@ impl ReadModel {
             topic: query.topic.as_ref().map(ToString::to_string),
             waiting: query.waiting,
         };
-        let mut read = self.read_summaries(&page).await?;
+        let mut read = self.read_summaries(&page, figures).await?;
         if read.behind {
             self.catch_up().await?;
-            read = self.read_summaries(&page).await?;
+            read = self.read_summaries(&page, figures).await?;
         }
-        Ok(summary::page(read, query.limit))
+        let carried = match &self.store {
+            Store::Postgres(_) if figures => {
+                PageFigures::Read(summary::take_figures(&mut read, query.limit))
+            }
+            _ => PageFigures::NotRead,
+        };
+        Ok((summary::page(read, query.limit), carried))
     }
 
     /// The instance TTL in microseconds, at most a thousand years (a longer one would not fit
@@ -283,13 +317,14 @@ impl ReadModel {
     async fn read_summaries(
         &self,
         page: &rows::PageKeys,
+        figures: bool,
     ) -> Result<summary::Snapshot<Vec<summary::SummaryRow>>, StoreError> {
         match &self.store {
             Store::Sqlite(s) => {
                 let now = s.now().await?;
                 summary::sqlite_summaries(s, page.clone(), now, self.ttl_micros()).await
             }
-            Store::Postgres(s) => summary::pg_summaries(s, page, self.ttl_micros()).await,
+            Store::Postgres(s) => summary::pg_summaries(s, page, self.ttl_micros(), figures).await,
         }
     }
 

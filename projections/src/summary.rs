@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, TransactionBehavior};
 use serde::Serialize;
 use sqlx::Row;
-use wharf_store::{PgStore, SqliteStore, StoreError};
+use wharf_store::{GroupFiguresRow, PgStore, SqliteStore, StoreError};
 
 use crate::declaration::DeclarerAttempts;
 use crate::rows::{
@@ -95,10 +95,28 @@ pub(crate) struct SummaryRow {
     pub oldest: Option<crate::views::WaitingRow>,
     pub instances: i64,
     pub live: i64,
+    /// The group's queue figures, when the read carried them and it has a queue row.
+    pub figures: Option<GroupFiguresRow>,
 }
 
 fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
+}
+
+/// The queue figures a page's read carried, by group, of the groups the page keeps (`limit`
+/// of them): taken out of the rows.
+pub(crate) fn take_figures(
+    read: &mut Snapshot<Vec<SummaryRow>>,
+    limit: u32,
+) -> Vec<(String, GroupFiguresRow)> {
+    read.rows
+        .iter_mut()
+        .take(limit as usize)
+        .filter_map(|row| {
+            let figures = row.figures.take()?;
+            Some((row.effective.group.clone(), figures))
+        })
+        .collect()
 }
 
 /// Builds the page from what one read answered: cuts to `limit` and names the next cursor.
@@ -174,6 +192,36 @@ pub(crate) fn page(read: Snapshot<Vec<SummaryRow>>, limit: u32) -> SummaryPage {
 /// position (`ORDER BY position DESC LIMIT 1`), not `MAX(position)`, which a plan made on
 /// empty tables answers by aggregating the whole index (ADR 0058).
 pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
+    summary_sql(topic, waiting, "", "")
+}
+
+/// The group's queue figures as columns of a page's row (ADR 0072): the eleven columns
+/// `wharf_group_figures` answers after the name (`wharf_store::pg_figures_columns!`), read
+/// by key for the row's group at the page's clock, so the page and its figures are one
+/// snapshot; NULL when the group has no queue row. The group's `consumer_group` row is the
+/// first name in the range from the row's group to itself, as every listing lookup is (ADR
+/// 0070): a bare equality let a plan made on empty tables join the whole table to the page
+/// and filter after (every group's deliveries aggregated for each listed group).
+const PAGE_FIGURES_JOIN: &str = concat!(
+    " LEFT JOIN LATERAL (SELECT ",
+    wharf_store::pg_figures_columns!("m.now"),
+    " FROM (SELECT * FROM consumer_group g WHERE g.group_name >= p.group_name \
+       AND g.group_name <= p.group_name ORDER BY g.group_name LIMIT 1) g \
+     CROSS JOIN LATERAL (",
+    wharf_store::pg_figures_deliveries!("m.now"),
+    ") d) f ON true"
+);
+
+/// [`pg_summary_sql`] with each group's queue figures as the columns after its summary
+/// (columns 22 to 32, [`PAGE_FIGURES_JOIN`]): what `wharf_group_page` (Postgres migration
+/// 0030, ADR 0072) runs, so the API's page is one statement, one round trip.
+pub fn pg_page_sql(topic: bool, waiting: bool) -> String {
+    summary_sql(topic, waiting, ", f.*", PAGE_FIGURES_JOIN)
+}
+
+/// The summary page's statement with `columns` after the summary's and `join` after its
+/// other joins.
+fn summary_sql(topic: bool, waiting: bool, columns: &str, join: &str) -> String {
     let page = page_sql('$', topic, waiting);
     let (projector, ttl) = ("$5", "$6");
     let (waiters, oldest) = if waiting {
@@ -199,11 +247,11 @@ pub fn pg_summary_sql(topic: bool, waiting: bool) -> String {
              AS checkpoint) \
          SELECT m.now, m.head, m.checkpoint, p.group_name, p.topic, p.declarer, p.version, \
            p.patterns, p.previous, p.declared_at, p.attempt_at, p.position, p.installs, \
-           {waiters}, COALESCE(c.instances, 0), COALESCE(c.live, 0) \
+           {waiters}, COALESCE(c.instances, 0), COALESCE(c.live, 0){columns} \
          FROM meta m LEFT JOIN LATERAL ({page}) p ON true \
          LEFT JOIN LATERAL (SELECT COUNT(*) AS instances, COUNT(*) FILTER ( \
              WHERE i.heartbeat_at > m.now - {ttl}::bigint * interval '1 microsecond') AS live \
-           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true{oldest} \
+           FROM worker_instance i WHERE i.group_name = p.group_name) c ON true{oldest}{join} \
          ORDER BY p.group_name"
     )
 }
@@ -246,15 +294,30 @@ pub fn sqlite_summary_sql(topic: bool, waiting: bool) -> String {
 /// The call that reads a summary page on Postgres (the arguments of [`pg_summary_sql`]).
 pub const PG_SUMMARIES_CALL: &str = "SELECT * FROM wharf_group_summaries($1, $2, $3, $4, $5, $6)";
 
-/// The summary page on Postgres; `ttl_micros` decides which instances count as live.
+/// The call that reads a summary page with its groups' queue figures on Postgres:
+/// `wharf_group_page` (Postgres migration 0030, ADR 0072) runs [`pg_page_sql`] with the
+/// arguments of [`PG_SUMMARIES_CALL`].
+pub const PG_PAGE_CALL: &str = "SELECT * FROM wharf_group_page($1, $2, $3, $4, $5, $6)";
+
+/// The column where a page row's queue figures start ([`pg_page_sql`]).
+const FIGURES_FROM: usize = 22;
+
+/// The summary page on Postgres, with each group's queue figures when `figures` is set;
+/// `ttl_micros` decides which instances count as live.
 pub(crate) async fn pg_summaries(
     store: &PgStore,
     page: &PageKeys,
     ttl_micros: i64,
+    figures: bool,
 ) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
     // A statement each connection prepares once: the call (ADR 0046). The function plans
     // the page's statement once per connection, by key whatever the statistics (ADR 0058).
-    let rows = sqlx::query(PG_SUMMARIES_CALL)
+    let call = if figures {
+        PG_PAGE_CALL
+    } else {
+        PG_SUMMARIES_CALL
+    };
+    let rows = sqlx::query(call)
         .bind(&page.after)
         .bind(page.fetch)
         .bind(&page.topic)
@@ -294,6 +357,11 @@ pub(crate) async fn pg_summaries(
             oldest,
             instances: row.try_get(20)?,
             live: row.try_get(21)?,
+            figures: if figures {
+                GroupFiguresRow::from_pg(row, FIGURES_FROM)?
+            } else {
+                None
+            },
         });
     }
     Ok(Snapshot {
@@ -388,6 +456,7 @@ impl RawSummary {
             oldest,
             instances: self.instances,
             live: self.live,
+            figures: None,
         })
     }
 }

@@ -1,14 +1,59 @@
 //! A group's queue figures as Postgres's `wharf_group_figures` answers them (migrations 0015,
-//! 0022, 0028), decoded in one place for the two reads that carry them: the queue's own call,
-//! and the one-group read that asks for them in its statement (`wharf_group_read`, migration
-//! 0029, ADR 0071). The store owns the columns because it owns the functions; what the
-//! figures mean (lag, age) is the queue's to derive.
+//! 0022, 0028): the SQL of their columns, written once for every statement that reads them,
+//! and their decoding, in one place for the reads that carry them: the queue's own call, the
+//! one-group read that asks for them in its statement (`wharf_group_read`, migration 0029, ADR
+//! 0071) and the listing's page that does (`wharf_group_page`, migration 0030, ADR 0072). The
+//! store owns the columns because it owns the functions; what the figures mean (lag, age) is
+//! the queue's to derive.
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
 use crate::StoreError;
+
+/// The figures' eleven columns (as [`GroupFiguresRow::from_pg`] reads them) over a group's
+/// `consumer_group` row `g` and the aggregate `d` of its deliveries
+/// ([`pg_figures_deliveries!`]), with `$now` the clock they are read at: a literal, for
+/// `concat!`.
+#[macro_export]
+macro_rules! pg_figures_columns {
+    ($now:literal) => {
+        concat!(
+            "g.topic, g.routed_position, \
+       COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
+       d.claimable, d.in_flight, d.backing_off, \
+       (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
+       (SELECT n.published_at FROM message n \
+          WHERE n.topic = g.topic AND n.position = d.first_position), ",
+            $now,
+            ", (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
+       GREATEST(g.rescan_until - g.rescan_position + 1, 0)"
+        )
+    };
+}
+
+/// The aggregate of the deliveries of the group whose `consumer_group` row is `g`, at the
+/// clock `$now`: claimable, in flight and backing off (`FILTER`s of one aggregate over the
+/// group's deliveries by key), and their first position, whose message is the oldest unacked
+/// one (a group consumes one topic for good, so its deliveries' topic is the group's; a second
+/// walk of the deliveries for the first one cost about a tenth of the call, ADR 0070).
+#[macro_export]
+macro_rules! pg_figures_deliveries {
+    ($now:literal) => {
+        concat!(
+            "SELECT COUNT(*) FILTER (WHERE e.visible_at <= ",
+            $now,
+            ") AS claimable, COUNT(*) FILTER (WHERE e.visible_at > ",
+            $now,
+            " AND e.claim_token IS NOT NULL) AS in_flight, \
+         COUNT(*) FILTER (WHERE e.visible_at > ",
+            $now,
+            " AND e.claim_token IS NULL) AS backing_off, MIN(e.position) AS first_position \
+       FROM delivery e WHERE e.group_name = g.group_name"
+        )
+    };
+}
 
 /// One group's figures, as the columns after its name hold them.
 #[derive(Debug, Clone, PartialEq)]

@@ -75,6 +75,7 @@ pub const POSTGRES: &[Migration] = &[
     migration!(27, "postgres", "0027_group_view_as_rows.sql"),
     migration!(28, "postgres", "0028_lookups_end_at_their_key.sql"),
     migration!(29, "postgres", "0029_group_read_with_figures.sql"),
+    migration!(30, "postgres", "0030_group_page_with_figures.sql"),
 ];
 
 /// The schema version this build needs.

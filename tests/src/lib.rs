@@ -390,9 +390,11 @@ macro_rules! on_postgres {
 
 /// Small builders the queue tests share.
 pub mod fixtures {
+    use std::time::Duration;
+
     use wharf::domain::{GroupName, TopicName};
     use wharf::Registration;
-    use wharf_queue::{Headers, OutgoingMessage};
+    use wharf_queue::{Headers, NackOutcome, OutgoingMessage, Queue, QueueSettings};
 
     use crate::TestStore;
 
@@ -410,6 +412,25 @@ pub mod fixtures {
     pub fn msg(subject: &str) -> OutgoingMessage {
         OutgoingMessage::new(subject, subject.as_bytes().to_vec(), Headers::new())
             .expect("a valid message")
+    }
+
+    /// Claims the group's next claimable message with one attempt allowed and nacks it: it
+    /// is buried in the dead letters.
+    pub async fn bury_next(store: &TestStore, g: &GroupName) {
+        let strict = Queue::new(
+            store.store.clone(),
+            QueueSettings {
+                max_attempts: 1,
+                visibility_timeout: Duration::from_secs(60),
+                ..QueueSettings::default()
+            },
+        );
+        let doomed = strict.claim(g, "k", 1).await.expect("a claim");
+        assert_eq!(doomed.len(), 1, "a claimable message to bury");
+        assert_eq!(
+            strict.nack(&doomed[0], "fatal").await.expect("a nack"),
+            NackOutcome::DeadLettered
+        );
     }
 
     /// Declares `group` on `topic` with `patterns` (version "1").

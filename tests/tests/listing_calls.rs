@@ -1,6 +1,6 @@
 //! The Postgres listing reads as cached calls (ADR 0046): `wharf_group_summaries`,
-//! `wharf_group_rows`, `wharf_group_figures` and `wharf_group_read` (Postgres migrations 0015,
-//! 0022, 0027, 0028 and 0029).
+//! `wharf_group_page`, `wharf_group_rows`, `wharf_group_figures` and `wharf_group_read`
+//! (Postgres migrations 0015, 0022, 0027, 0028, 0029 and 0030).
 //!
 //! - Each function runs exactly the statements the plan tests (`read_plans.rs`) check, the
 //!   texts in `projections` and `queue` (whitespace aside), and plans them once per connection
@@ -19,7 +19,7 @@ use rusqlite::StatementStatus;
 use serde_json::Value;
 use wharf::store::Store;
 use wharf_projections::rows::{PG_GROUP_READ, PG_GROUP_ROWS};
-use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
+use wharf_projections::summary::{pg_page_sql, pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
 
 /// Whitespace collapsed to single spaces.
@@ -33,12 +33,18 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
     let Store::Postgres(pg) = &store.store else {
         unreachable!("a Postgres test store")
     };
-    let summaries: Vec<String> = [(false, false), (true, false), (false, true), (true, true)]
+    let forms = [(false, false), (true, false), (false, true), (true, true)];
+    let summaries: Vec<String> = forms
         .into_iter()
         .map(|(topic, waiting)| pg_summary_sql(topic, waiting))
         .collect();
-    let expected: [(&str, Vec<String>); 4] = [
+    let pages: Vec<String> = forms
+        .into_iter()
+        .map(|(topic, waiting)| pg_page_sql(topic, waiting))
+        .collect();
+    let expected: [(&str, Vec<String>); 5] = [
         ("wharf_group_summaries", summaries),
+        ("wharf_group_page", pages),
         ("wharf_group_rows", vec![PG_GROUP_ROWS.to_owned()]),
         ("wharf_group_read", vec![PG_GROUP_READ.to_owned()]),
         (
@@ -65,7 +71,7 @@ async fn each_listing_call_runs_the_statements_the_plan_tests_check_planned_by_k
         }
         assert_eq!(
             source.matches("RETURN QUERY").count(),
-            if function == "wharf_group_summaries" {
+            if function == "wharf_group_summaries" || function == "wharf_group_page" {
                 4
             } else {
                 1
@@ -143,6 +149,9 @@ const FILL: [&str; 10] = [
 /// scan of its table multiplies that by the page.
 const PAGE_BOUND: i64 = 2_500;
 
+/// A page with its groups' queue figures (ADR 0072): the page's bound and the figures' own.
+const PAGE_WITH_FIGURES_BOUND: i64 = 2 * PAGE_BOUND;
+
 /// One group reads a few entries of each of its keys (21 buffers here); a walk of a whole
 /// index of `effective_declaration` (the one by topic, whose second column is the name) is
 /// over 100.
@@ -151,45 +160,56 @@ const GROUP_BOUND: i64 = 60;
 /// The calls a listing makes, with their arguments as SQL literals and the most buffers each
 /// may touch: a page by name, by topic, of waiting groups past the crash-looping one, one
 /// group, a page's queue figures.
-fn calls() -> Vec<(&'static str, String, i64)> {
-    let page = |topic: &str, waiting: bool| {
+fn calls() -> Vec<(String, String, i64)> {
+    let page = |function: &str, topic: &str, waiting: bool| {
         format!(
-            "SELECT * FROM wharf_group_summaries('g005000', 101, {topic}, {waiting}, \
+            "SELECT * FROM {function}('g005000', 101, {topic}, {waiting}, \
              'declarer_attempts', 60000000)"
         )
     };
-    vec![
-        ("page", page("NULL", false), PAGE_BOUND),
-        ("page by topic", page("'t7'", false), PAGE_BOUND),
-        ("page of waiting groups", page("NULL", true), PAGE_BOUND),
+    let mut calls = Vec::new();
+    for (function, with, bound) in [
+        ("wharf_group_summaries", "", PAGE_BOUND),
+        ("wharf_group_page", " with figures", PAGE_WITH_FIGURES_BOUND),
+    ] {
+        calls.extend(
+            [
+                ("page", page(function, "NULL", false)),
+                ("page by topic", page(function, "'t7'", false)),
+                ("page of waiting groups", page(function, "NULL", true)),
+                (
+                    "page by topic of waiting groups",
+                    page(function, "'t7'", true),
+                ),
+            ]
+            .map(|(what, call)| (format!("{what}{with}"), call, bound)),
+        );
+    }
+    calls.extend([
         (
-            "page by topic of waiting groups",
-            page("'t7'", true),
-            PAGE_BOUND,
-        ),
-        (
-            "one group",
+            "one group".to_owned(),
             "SELECT * FROM wharf_group_rows('g005007', NULL, NULL, 101, '', \
              'declarer_attempts')"
                 .to_owned(),
             GROUP_BOUND,
         ),
         (
-            "one group with its queue figures",
+            "one group with its queue figures".to_owned(),
             "SELECT * FROM wharf_group_read('g005007', NULL, NULL, 101, '', \
              'declarer_attempts')"
                 .to_owned(),
             GROUP_BOUND,
         ),
         (
-            "queue figures",
+            "queue figures".to_owned(),
             "SELECT * FROM wharf_group_figures(ARRAY(SELECT group_name \
              FROM effective_declaration WHERE group_name > 'g005000' ORDER BY group_name \
              LIMIT 100))"
                 .to_owned(),
             PAGE_BOUND,
         ),
-    ]
+    ]);
+    calls
 }
 
 #[tokio::test]

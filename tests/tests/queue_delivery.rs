@@ -16,8 +16,7 @@
 //! - a group receives only what is published after it is first declared, and a whole-topic
 //!   group (no bindings) receives every subject, `$`-prefixed ones included;
 //! - the group figures (routed lag, claimable, in flight, backing off, dead letters, oldest
-//!   unacked) move as the queue does, and the one-group read that carries them on Postgres
-//!   (ADR 0071) reads the same.
+//!   unacked) move as the queue does (the reads that carry them: `carried_figures.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,13 +26,12 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use wharf::domain::matcher::filter_matches;
 use wharf::domain::{GroupName, TopicFilter, TopicName};
-use wharf::projections::{CarriedFigures, MemberQuery, ReadModel};
 use wharf::store::Store;
 use wharf_queue::{
     validate_batch, AckOutcome, Claimed, Headers, NackOutcome, OutgoingMessage, Queue, QueueError,
     QueueSettings,
 };
-use wharf_tests::fixtures::{declare, group, msg, topic};
+use wharf_tests::fixtures::{bury_next, declare, group, msg, topic};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -47,24 +45,6 @@ fn fast() -> QueueSettings {
         backoff_max: Duration::from_secs(1),
         route_batch: 50,
     }
-}
-
-/// Claims the group's next claimable message with one attempt allowed and nacks it: it is
-/// buried in the dead letters.
-async fn bury_next(store: &TestStore, g: &GroupName) {
-    let strict = Queue::new(
-        store.store.clone(),
-        QueueSettings {
-            max_attempts: 1,
-            ..fast()
-        },
-    );
-    let doomed = strict.claim(g, "k", 1).await.unwrap();
-    assert_eq!(doomed.len(), 1);
-    assert_eq!(
-        strict.nack(&doomed[0], "fatal").await.unwrap(),
-        NackOutcome::DeadLettered
-    );
 }
 
 /// The reference answer: does the set (empty = whole topic) want `subject`? Uses the plain
@@ -983,105 +963,3 @@ on_both_backends!(
     oldest_unacked,
     oldest_unacked_is_the_first_delivery_by_position
 );
-
-// ---------------------------------------------------------------------------------------------
-
-/// The figures a one-group read carries (Postgres, ADR 0071) as the queue reads them, the
-/// oldest unacked message's age aside (two clock readings): `None` when the read did not
-/// carry them (SQLite).
-async fn carried_figures(
-    read_model: &ReadModel,
-    g: &GroupName,
-) -> Option<Option<wharf_queue::GroupQueueStats>> {
-    let (_, carried) = read_model
-        .group_members_with_figures(g, &MemberQuery::default())
-        .await
-        .unwrap()
-        .expect("a declared group");
-    match carried {
-        CarriedFigures::Read(found) => {
-            Some(found.map(|row| wharf_queue::GroupQueueStats::from_figures(g.to_string(), row)))
-        }
-        CarriedFigures::NotRead => None,
-    }
-}
-
-/// Everything but the age, which two reads take at two moments; whether there is one.
-fn settled(s: &wharf_queue::GroupQueueStats) -> wharf_queue::GroupQueueStats {
-    wharf_queue::GroupQueueStats {
-        oldest_unacked_seconds: s.oldest_unacked_seconds.map(|_| 0.0),
-        ..s.clone()
-    }
-}
-
-async fn one_group_read_carries_the_queue_figures(backend: Backend) {
-    let store = TestStore::new(backend).await;
-    declare(&store, "g", "t", &["s/#"]).await;
-    let (g, t) = (group("g"), topic("t"));
-    let read_model = ReadModel::new(store.store.clone(), Duration::from_secs(60));
-    let queue = Queue::new(
-        store.store.clone(),
-        QueueSettings {
-            visibility_timeout: Duration::from_secs(60),
-            backoff_base: Duration::from_secs(60),
-            backoff_max: Duration::from_secs(60),
-            max_attempts: 2,
-            route_batch: 100,
-        },
-    );
-    let agree = |what: &'static str| {
-        let (read_model, queue, g) = (&read_model, &queue, &g);
-        async move {
-            let own = queue.group_stats_of(std::slice::from_ref(g)).await.unwrap();
-            match carried_figures(read_model, g).await {
-                Some(carried) => {
-                    assert_eq!(
-                        carried.as_ref().map(settled),
-                        own.first().map(settled),
-                        "{what}"
-                    );
-                }
-                None => assert!(
-                    matches!(backend, Backend::Sqlite),
-                    "Postgres reads the figures with the group ({what})"
-                ),
-            }
-        }
-    };
-    agree("declared, nothing published").await;
-    let batch: Vec<_> = ["s/1", "x/2", "s/3", "s/4", "s/5"]
-        .iter()
-        .map(|s| msg(s))
-        .collect();
-    queue.publish(&t, &batch).await.unwrap();
-    agree("published, not routed").await;
-    queue.route(&g).await.unwrap();
-    agree("routed").await;
-    let held = queue.claim(&g, "i", 3).await.unwrap();
-    assert_eq!(held.len(), 3);
-    assert_eq!(queue.ack(&held[0]).await.unwrap(), AckOutcome::Acked);
-    let NackOutcome::Retrying { .. } = queue.nack(&held[1], "later").await.unwrap() else {
-        panic!("expected a retry");
-    };
-    agree("one acked, one backing off, one in flight").await;
-    bury_next(&store, &g).await;
-    agree("a dead letter").await;
-    let figures = queue
-        .group_stats_of(std::slice::from_ref(&g))
-        .await
-        .unwrap();
-    let s = &figures[0];
-    assert_eq!(
-        (s.claimable, s.in_flight, s.backing_off, s.dead_letters),
-        (0, 1, 1, 1),
-        "{s:?}"
-    );
-    // A group never declared: no view, so nothing to carry.
-    let never = group("never");
-    assert!(read_model
-        .group_members_with_figures(&never, &MemberQuery::default())
-        .await
-        .unwrap()
-        .is_none());
-}
-on_both_backends!(one_group_read, one_group_read_carries_the_queue_figures);

@@ -21,7 +21,7 @@ use wharf_projections::rows::{
     one_sql, page_sql, PG_GROUP_READ, PG_GROUP_ROWS, PG_INSTANCES, PG_WAITERS, SQLITE_INSTANCES,
     SQLITE_WAITERS,
 };
-use wharf_projections::summary::{pg_summary_sql, sqlite_summary_sql};
+use wharf_projections::summary::{pg_page_sql, pg_summary_sql, sqlite_summary_sql};
 use wharf_tests::{Backend, TestStore};
 
 const WATCHED: [&str; 5] = [
@@ -45,6 +45,10 @@ const PAGE: i64 = 1_000;
 /// fetches included (nothing is vacuumed here): about 720 by name and 1,730 of waiting groups
 /// measured with the skip of ADR 0044, less since.
 const SUMMARY_PAGE: i64 = 2_500;
+/// A summary page with its groups' queue figures (ADR 0072): per group its `consumer_group`
+/// row, its deliveries, its topic's head, its oldest delivery's message, its dead letters and
+/// set-aside rows, each by key.
+const SUMMARY_PAGE_WITH_FIGURES: i64 = 4_000;
 
 /// Every sequential scan of a watched table in a plan tree, and the root's buffers.
 fn scans(plan: &Value, found: &mut Vec<String>) {
@@ -256,18 +260,29 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     }
     // The summary page (ADR 0038): one statement with the clock and the catch-up check, each
     // group's waiter count bounded. Past the crash-looping group (20k waiting attempts) too.
+    // Also with each group's queue figures (ADR 0072), a few keyed probes more per group.
     const TTL_MICROS: i64 = 60_000_000;
     listing_call_settings(&mut conn, true).await;
-    for (topic, waiting) in [(false, false), (false, true), (true, false), (true, true)] {
-        let what = format!("summary page topic={topic} waiting={waiting}");
-        let sql = pg_summary_sql(topic, waiting);
+    let forms: [(&str, fn(bool, bool) -> String, i64); 2] = [
+        ("summary page", pg_summary_sql, SUMMARY_PAGE),
+        (
+            "summary page with figures",
+            pg_page_sql,
+            SUMMARY_PAGE_WITH_FIGURES,
+        ),
+    ];
+    for ((form, build, bound), (topic, waiting)) in forms.into_iter().flat_map(|form| {
+        [(false, false), (false, true), (true, false), (true, true)].map(|case| (form, case))
+    }) {
+        let what = format!("{form} topic={topic} waiting={waiting}");
+        let sql = build(topic, waiting);
         let topic = topic.then_some("t7");
         scanned.extend(
             explain(
                 &mut conn,
                 &what,
                 &sql,
-                SUMMARY_PAGE,
+                bound,
                 args![
                     "g005000",
                     101_i64,

@@ -36,28 +36,16 @@ pub(crate) async fn group_stats(
 }
 
 /// The figures' statement with `$filter` (a `WHERE` clause and a space, or nothing) before its
-/// order: one text for a page's groups and for every group.
+/// order: one text for a page's groups and for every group, its columns those the listing's
+/// page inlines too (`wharf_store::pg_figures_columns!`).
 macro_rules! figures_sql {
     ($filter:literal) => {
         concat!(
-            "WITH clock AS (SELECT clock_timestamp() AS now) \
-     SELECT g.group_name, g.topic, g.routed_position, \
-       COALESCE((SELECT head FROM topic t WHERE t.name = g.topic), 0), \
-       d.claimable, d.in_flight, d.backing_off, \
-       (SELECT COUNT(*) FROM dead_letter x WHERE x.group_name = g.group_name), \
-       (SELECT n.published_at FROM message n \
-          WHERE n.topic = g.topic AND n.position = d.first_position), \
-       clock.now, \
-       (SELECT COUNT(*) FROM set_aside s WHERE s.group_name = g.group_name), \
-       GREATEST(g.rescan_until - g.rescan_position + 1, 0) \
-     FROM clock CROSS JOIN consumer_group g CROSS JOIN LATERAL ( \
-       SELECT COUNT(*) FILTER (WHERE e.visible_at <= clock.now) AS claimable, \
-         COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NOT NULL) \
-           AS in_flight, \
-         COUNT(*) FILTER (WHERE e.visible_at > clock.now AND e.claim_token IS NULL) \
-           AS backing_off, \
-         MIN(e.position) AS first_position \
-       FROM delivery e WHERE e.group_name = g.group_name) d ",
+            "WITH clock AS (SELECT clock_timestamp() AS now) SELECT g.group_name, ",
+            wharf_store::pg_figures_columns!("clock.now"),
+            " FROM clock CROSS JOIN consumer_group g CROSS JOIN LATERAL ( ",
+            wharf_store::pg_figures_deliveries!("clock.now"),
+            ") d ",
             $filter,
             "ORDER BY g.group_name"
         )
@@ -67,11 +55,9 @@ macro_rules! figures_sql {
 /// The figures of the groups `$1` names (a listing page's, or one group's), by name: what
 /// `wharf_group_figures` (Postgres migration 0015, ADR 0046) runs, planned once per connection
 /// with every path but an index's off and JIT compilation off (migration 0022, ADR 0058).
-/// Each group's queue rows are read by key: its deliveries once, for the three counts
-/// (`FILTER`s of one aggregate) and the first position among them, whose message, read by the
-/// whole `message` key, is the oldest unacked one (a group consumes one topic for good, so its
-/// deliveries' topic is the group's; a second walk of the deliveries for the first one cost
-/// about a tenth of the call, ADR 0070), its dead letters and set-aside rows counted.
+/// Each group's queue rows are read by key: its deliveries once, for the three counts and the
+/// first position among them, whose message, read by the whole `message` key, is the oldest
+/// unacked one; its dead letters and set-aside rows counted.
 pub const GROUP_FIGURES_SQL: &str = figures_sql!("WHERE g.group_name = ANY($1::text[]) ");
 
 /// The same figures of every group (`/metrics`, the CLI), planned on every call.
