@@ -8,7 +8,7 @@ use sqlx::Arguments;
 use wharf::store::postgres::QUERY_EVENTS;
 use wharf::store::PgStore;
 use wharf_projections::rows::{one_sql, page_sql, PG_GROUP_ROWS, PG_INSTANCES, PG_WAITERS};
-use wharf_projections::summary::pg_summary_sql;
+use wharf_projections::summary::{pg_page_sql, pg_summary_sql};
 
 /// The history read before ADR 0036 (ordered by position), for comparison.
 const FORMER_HISTORY: &str = "SELECT position, aggregate_type, aggregate_id, sequence, \
@@ -122,6 +122,11 @@ fn statements(middle: &str, long_group: &str, fleet_group: &str) -> Vec<Statemen
         Statement {
             what: "summary page, first (one statement)".into(),
             sql: pg_summary_sql(false, false),
+            args: Box::new(summaries(String::new(), None)),
+        },
+        Statement {
+            what: "summary page with its queue figures, first (the API's, ADR 0072)".into(),
+            sql: pg_page_sql(false, false),
             args: Box::new(summaries(String::new(), None)),
         },
         Statement {
