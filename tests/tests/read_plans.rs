@@ -50,6 +50,9 @@ const SUMMARY_PAGE: i64 = 2_500;
 /// set-aside rows, each by key.
 const SUMMARY_PAGE_WITH_FIGURES: i64 = 4_000;
 
+/// Builds a summary page's statement for a form (by topic, of waiting groups).
+type SummaryStatement = fn(bool, bool) -> String;
+
 /// Every sequential scan of a watched table in a plan tree, and the root's buffers.
 fn scans(plan: &Value, found: &mut Vec<String>) {
     let relation = plan["Relation Name"].as_str().unwrap_or_default();
@@ -263,7 +266,7 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
     // Also with each group's queue figures (ADR 0072), a few keyed probes more per group.
     const TTL_MICROS: i64 = 60_000_000;
     listing_call_settings(&mut conn, true).await;
-    let forms: [(&str, fn(bool, bool) -> String, i64); 2] = [
+    let forms: [(&str, SummaryStatement, i64); 2] = [
         ("summary page", pg_summary_sql, SUMMARY_PAGE),
         (
             "summary page with figures",
