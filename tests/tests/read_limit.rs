@@ -84,7 +84,7 @@ async fn reads_waiting_on_the_lock(test: &TestStore) -> i64 {
     };
     sqlx::query_scalar(
         "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-         AND query LIKE '%wharf_group_summaries%' AND datname = current_database()",
+         AND query LIKE '%wharf_group_page%' AND datname = current_database()",
     )
     .fetch_one(pg.pool())
     .await
