@@ -9,7 +9,7 @@ use axum::Json;
 use serde_json::json;
 use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
-use wharf_projections::{CarriedFigures, HistoryPage, PageFigures};
+use wharf_projections::{CarriedFigures, HistoryPage};
 use wharf_queue::GroupQueueStats;
 
 use crate::error::{ApiError, ErrorBody};
@@ -118,20 +118,13 @@ async fn list_groups(
     // On Postgres one statement reads the page and its queue figures (ADR 0072); elsewhere
     // the figures are a second read of the page's groups, by key.
     let (page, figures) = state.read_model().groups_page_with_figures(&query).await?;
-    let stats = match figures {
-        PageFigures::Read(found) => found
-            .into_iter()
-            .map(|(group, row)| GroupQueueStats::from_figures(group, row))
-            .collect(),
-        PageFigures::NotRead => {
-            let names: Vec<GroupName> = page
-                .groups
-                .iter()
-                .filter_map(|g| GroupName::parse("group", &g.group).ok())
-                .collect();
-            state.queue().group_stats_of(&names).await?
-        }
-    };
+    let stats = queue_figures(&state, figures, || {
+        page.groups
+            .iter()
+            .filter_map(|g| GroupName::parse("group", &g.group).ok())
+            .collect()
+    })
+    .await?;
     Ok(Json(GroupList {
         groups: GroupEntry::join(page.groups, stats),
         next_after: page.next_after,
@@ -173,18 +166,7 @@ async fn one_group(
         .group_members_with_figures(&group, &members)
         .await?
         .ok_or_else(|| not_declared(&group))?;
-    let stats = match figures {
-        CarriedFigures::Read(found) => found
-            .map(|row| GroupQueueStats::from_figures(group.to_string(), row))
-            .into_iter()
-            .collect(),
-        CarriedFigures::NotRead => {
-            state
-                .queue()
-                .group_stats_of(std::slice::from_ref(&group))
-                .await?
-        }
-    };
+    let stats = queue_figures(&state, figures, || vec![group.clone()]).await?;
     Ok(Json(GroupDetail::new(view, stats)))
 }
 
@@ -421,6 +403,22 @@ async fn metrics(State(state): State<ApiState>) -> Response {
         .render(&collectors, state.scrape_timeout_value())
         .await;
     ([(header::CONTENT_TYPE, METRICS_CONTENT_TYPE)], text).into_response()
+}
+
+/// The queue figures a read carried, or (where it did not) the queue's own read of the
+/// groups `names` gives, by key.
+async fn queue_figures(
+    state: &ApiState,
+    carried: CarriedFigures,
+    names: impl FnOnce() -> Vec<GroupName>,
+) -> Result<Vec<GroupQueueStats>, ApiError> {
+    Ok(match carried {
+        CarriedFigures::Read(found) => found
+            .into_iter()
+            .map(|(group, row)| GroupQueueStats::from_figures(group, row))
+            .collect(),
+        CarriedFigures::NotRead => state.queue().group_stats_of(&names()).await?,
+    })
 }
 
 /// Answers any path no route matches.

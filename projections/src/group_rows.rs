@@ -258,7 +258,7 @@ pub(crate) async fn pg_group_snapshot(
         .await?;
     let (read, carried) = decode(found, figures)?;
     let carried = if figures {
-        CarriedFigures::Read(carried)
+        CarriedFigures::Read(carried.map(|row| (group, row)).into_iter().collect())
     } else {
         CarriedFigures::NotRead
     };

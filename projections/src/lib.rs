@@ -106,24 +106,15 @@ pub struct ProjectionLag {
     pub behind: i64,
 }
 
-/// What a one-group read found of the group's queue figures (ADR 0071).
+/// What a listing read found of its groups' queue figures: one group's (ADR 0071) or a
+/// page's (ADR 0072).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CarriedFigures {
-    /// Read by the same statement (Postgres): the group's figures, or `None` when it has no
-    /// queue row.
-    Read(Option<GroupFiguresRow>),
+    /// Read by the same statement (Postgres): each group's figures, by name, in the read's
+    /// order; a group without a queue row is left out.
+    Read(Vec<(String, GroupFiguresRow)>),
     /// Not read (SQLite, where a second read costs no round trip, or a read that did not ask
     /// for them): ask the queue.
-    NotRead,
-}
-
-/// What a listing page's read found of its groups' queue figures (ADR 0072).
-#[derive(Debug, Clone, PartialEq)]
-pub enum PageFigures {
-    /// Read by the same statement (Postgres): each listed group's figures, by name, in the
-    /// page's order; a group without a queue row is left out.
-    Read(Vec<(String, GroupFiguresRow)>),
-    /// Not read (SQLite, where a second read costs no round trip): ask the queue.
     NotRead,
 }
 
@@ -267,11 +258,12 @@ impl ReadModel {
 
     /// [`Self::groups_page`] with the listed groups' queue figures where the same statement
     /// can carry them (Postgres, `wharf_group_page`, ADR 0072): the API's page, one snapshot
-    /// and one round trip instead of two. On SQLite the figures are [`PageFigures::NotRead`].
+    /// and one round trip instead of two. On SQLite the figures are
+    /// [`CarriedFigures::NotRead`].
     pub async fn groups_page_with_figures(
         &self,
         query: &GroupQuery,
-    ) -> Result<(SummaryPage, PageFigures), ProjectionError> {
+    ) -> Result<(SummaryPage, CarriedFigures), ProjectionError> {
         self.read_groups_page(query, true).await
     }
 
@@ -279,7 +271,7 @@ impl ReadModel {
         &self,
         query: &GroupQuery,
         figures: bool,
-    ) -> Result<(SummaryPage, PageFigures), ProjectionError> {
+    ) -> Result<(SummaryPage, CarriedFigures), ProjectionError> {
         query.validate()?;
         let page = rows::PageKeys {
             after: query
@@ -297,9 +289,9 @@ impl ReadModel {
         }
         let carried = match &self.store {
             Store::Postgres(_) if figures => {
-                PageFigures::Read(summary::take_figures(&mut read, query.limit))
+                CarriedFigures::Read(summary::take_figures(&mut read, query.limit))
             }
-            _ => PageFigures::NotRead,
+            _ => CarriedFigures::NotRead,
         };
         Ok((summary::page(read, query.limit), carried))
     }

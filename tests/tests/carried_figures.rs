@@ -14,9 +14,7 @@
 use std::time::Duration;
 
 use wharf::domain::GroupName;
-use wharf::projections::{
-    CarriedFigures, GroupQuery, MemberQuery, PageFigures, ReadModel, SummaryPage,
-};
+use wharf::projections::{CarriedFigures, GroupQuery, MemberQuery, ReadModel, SummaryPage};
 use wharf_queue::{AckOutcome, GroupQueueStats, NackOutcome, Queue, QueueSettings};
 use wharf_tests::fixtures::{bury_next, declare, group, msg, topic};
 use wharf_tests::{on_both_backends, Backend, TestStore};
@@ -31,7 +29,13 @@ async fn group_carried(read_model: &ReadModel, g: &GroupName) -> Option<Option<G
         .expect("a declared group");
     match carried {
         CarriedFigures::Read(found) => {
-            Some(found.map(|row| GroupQueueStats::from_figures(g.to_string(), row)))
+            assert!(found.len() <= 1, "one group's read carried {found:?}");
+            Some(
+                found
+                    .into_iter()
+                    .next()
+                    .map(|(group, row)| GroupQueueStats::from_figures(group, row)),
+            )
         }
         CarriedFigures::NotRead => None,
     }
@@ -45,13 +49,13 @@ async fn page_carried(
 ) -> (SummaryPage, Option<Vec<GroupQueueStats>>) {
     let (page, carried) = read_model.groups_page_with_figures(query).await.unwrap();
     let carried = match carried {
-        PageFigures::Read(found) => Some(
+        CarriedFigures::Read(found) => Some(
             found
                 .into_iter()
                 .map(|(g, row)| GroupQueueStats::from_figures(g, row))
                 .collect(),
         ),
-        PageFigures::NotRead => None,
+        CarriedFigures::NotRead => None,
     };
     (page, carried)
 }
