@@ -4,15 +4,4 @@
 -- statement, event insert and projections included, rolls back when another attempt
 -- committed in between. (Not `found`: that is PL/pgSQL's own FOUND.) Additive: older builds
 -- never call it.
-CREATE OR REPLACE FUNCTION wharf_expect_version(actual bigint, expected bigint)
-RETURNS boolean
-LANGUAGE plpgsql
-AS $$
-BEGIN
-  IF actual IS DISTINCT FROM expected THEN
-    RAISE EXCEPTION 'aggregate version moved: % where % was expected', actual, expected
-      USING ERRCODE = 'WH409';
-  END IF;
-  RETURN true;
-END
-$$;
+-- include: functions/wharf_expect_version.sql fnv1a64=363aeb7aa2168573

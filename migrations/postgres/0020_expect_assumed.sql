@@ -6,15 +6,4 @@
 -- observed (a group's live instances and the declarer's open wait), and a decision time not
 -- ahead of the store's clock. `what` names the input that moved, for the log. Additive: older
 -- builds never call it.
-CREATE OR REPLACE FUNCTION wharf_expect_assumed(holds boolean, what text)
-RETURNS boolean
-LANGUAGE plpgsql
-AS $$
-BEGIN
-  IF holds IS NOT TRUE THEN
-    RAISE EXCEPTION 'a speculative decision''s input moved: %', what
-      USING ERRCODE = 'WH409';
-  END IF;
-  RETURN true;
-END
-$$;
+-- include: functions/wharf_expect_assumed.sql fnv1a64=16075bea3f876e80

@@ -26,13 +26,7 @@ SELECT e.group_name, p.pattern
 FROM effective_declaration e
 CROSS JOIN LATERAL unnest(e.patterns) AS p (pattern);
 
-CREATE OR REPLACE FUNCTION wharf_binding_write_absorbed() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    -- An older build's write of a binding row: its array in effective_declaration is the truth.
-    RETURN NULL;
-END
-$$;
+-- include: functions/wharf_binding_write_absorbed.sql fnv1a64=08fe5c4fca62876f
 
 DROP TRIGGER IF EXISTS binding_write_absorbed ON binding;
 CREATE TRIGGER binding_write_absorbed

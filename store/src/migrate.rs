@@ -1,6 +1,13 @@
 //! Schema migrations, embedded in the binary from the workspace's `migrations/` folder.
 //!
 //! Each backend has its own numbered scripts; `wharf_schema_migrations` records which ran.
+//! Each Postgres function has one source file, `migrations/postgres/functions/<name>.sql`,
+//! which the newest migration that changed the function includes with a line
+//! `-- include: functions/<name>.sql fnv1a64=<hash of the file>`; the build expands those
+//! lines (`store/build.rs`), so a script here is whole SQL with no file read at run time. To
+//! change a function, edit its file and include it from a new migration, leaving
+//! `-- Superseded by functions/<name>.sql (ADR 0073).` where it was included (ADR 0073):
+//! the build fails when a file no longer has the hash an older migration pinned.
 //! Migrations are additive so that a rolled-back build keeps working on a newer schema
 //! (ADR 0017), or, where they replace a table, leave a view that takes the older builds' reads
 //! and writes of it (ADR 0064): a build reads and consumes on a schema newer than it knows,
@@ -23,7 +30,7 @@ macro_rules! migration {
         Migration {
             version: $version,
             name: $file,
-            sql: include_str!(concat!("../../migrations/", $dir, "/", $file)),
+            sql: include_str!(concat!(env!("OUT_DIR"), "/migrations/", $dir, "/", $file)),
         }
     };
 }
