@@ -15,6 +15,7 @@
 
 pub mod error;
 mod generations;
+mod handler_error;
 mod held;
 mod matchers;
 pub mod message;
@@ -31,6 +32,7 @@ use wharf_store::{Finishing, Store};
 use postgres::OnLocked;
 
 pub use error::QueueError;
+pub use handler_error::{HandlerError, HandlerResultExt};
 pub use held::HeldConnection;
 pub use message::{
     doubled, validate_batch, AckOutcome, AckedFetch, Claimed, DeadLetter, EffectiveInstall,

@@ -63,7 +63,7 @@ fn shapes() -> Vec<Shape> {
 fn wharf_for(test: &TestStore, every: u64) -> Wharf {
     let mut config = test.config();
     config.declarations.snapshot_every = every;
-    Wharf::with_store(test.store.clone(), &config)
+    Wharf::with_store(test.store.clone(), &config.settings())
 }
 
 async fn register(wharf: &Wharf, group: &str, declarer: &str, set: &[&str]) {

@@ -100,7 +100,7 @@ fn wharf(test: &TestStore, shape: Shape) -> Wharf {
         concurrency: shape.concurrency,
         ..QueueConfig::default()
     };
-    Wharf::with_store(test.store.clone(), &config)
+    Wharf::with_store(test.store.clone(), &config.settings())
 }
 
 /// What one timed runtime run did.

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use wharf::domain::lease::{FencingToken, LeaseHolder};
 use wharf::domain::session::{ExactFilter, Qos};
-use wharf::sessions::{LeaseLedger, RenewVerdict, SessionLedger};
 use wharf::store::{LeaseClaim, Store};
+use wharf_sessions::{LeaseLedger, RenewVerdict, SessionLedger};
 use wharf_tests::{Backend, TestStore};
 
 const SESSIONS: usize = 50;

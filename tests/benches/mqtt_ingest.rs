@@ -15,16 +15,17 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use wharf_tests::WharfSessions;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::SessionLevel;
+use wharf_server::config::{SessionConfig, SubscriptionConfig};
 
 use async_trait::async_trait;
-use wharf::sessions::{LogIngest, MqttHandler, MqttMessage, SessionRuntime};
 use wharf::HandlerError;
 use wharf::Wharf;
+use wharf_sessions::{LogIngest, MqttHandler, MqttMessage, SessionRuntime};
 use wharf_tests::{Backend, TestStore};
 
 mod broker;
@@ -94,7 +95,7 @@ fn mosquitto_sub(broker: &Broker, n: usize) -> Duration {
     elapsed
 }
 
-fn config(test: &TestStore, broker: &Broker) -> wharf::Config {
+fn config(test: &TestStore, broker: &Broker) -> wharf_server::Config {
     let mut config = test.config();
     // The production deadline of each ledger call (a third of the 30s instance TTL).
     config.declarations = Default::default();
@@ -122,7 +123,7 @@ fn config(test: &TestStore, broker: &Broker) -> wharf::Config {
 async fn wait(
     runtime: &SessionRuntime,
     what: &str,
-    done: impl Fn(&wharf::sessions::SessionStatus) -> bool,
+    done: impl Fn(&wharf_sessions::SessionStatus) -> bool,
 ) {
     let mut watch = runtime.watch();
     let reached = tokio::time::timeout(DEADLINE, watch.wait_for(|s| done(s))).await;
@@ -150,7 +151,7 @@ impl MqttHandler for Counted {
 /// The session runtime ingesting `n` queued messages into the log; also the batches committed.
 async fn wharf_ingest(test: &TestStore, broker: &Broker, n: usize) -> (Duration, u64) {
     let config = config(test, broker);
-    let wharf = Wharf::with_store(test.store.clone(), &config);
+    let wharf = Wharf::with_store(test.store.clone(), &config.settings());
     let id = config.mqtt.resolve().expect("valid")[0]
         .identity
         .id()

@@ -17,16 +17,17 @@
 //! Run: `cargo bench -p wharf-tests --bench mqtt_reconcile` (`WHARF_BENCH_N` changes the 10,000).
 
 use std::time::{Duration, Instant};
+use wharf_tests::WharfSessions;
 
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::SessionMode;
 use wharf::domain::session::{
     subscription_id, ExactFilter, Qos, ReconcileSettings, SessionLevel, SubscribeOutcome,
 };
 use wharf::Wharf;
 use wharf_mqtt::{ConnectOptions, DisconnectReason, QoS, Session, SubscribeReason};
+use wharf_server::config::{SessionConfig, SubscriptionConfig};
 use wharf_tests::{Backend, TestStore};
 
 mod broker;
@@ -87,7 +88,7 @@ async fn runtime(
         ..SessionConfig::new(&broker.url(), &unique("bench-runtime"))
     };
     config.mqtt.sessions.insert("bench".to_owned(), session);
-    let wharf = Wharf::with_store(test.store.clone(), &config);
+    let wharf = Wharf::with_store(test.store.clone(), &config.settings());
     let id = config.mqtt.resolve().expect("valid session")[0]
         .identity
         .id()
@@ -127,7 +128,7 @@ async fn ledger_parts(
     filters: &[String],
     waves: &[usize],
 ) -> (Duration, Duration) {
-    let wharf = Wharf::with_store(test.store.clone(), &test.config());
+    let wharf = Wharf::with_store(test.store.clone(), &test.config().settings());
     let ledger = wharf.session_ledger();
     let id = format!("ms-{:032x}", rand::random::<u128>());
     ledger.seed(&id, Vec::new(), "bench").await.expect("seed");

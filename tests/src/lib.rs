@@ -13,13 +13,16 @@ pub mod sessions;
 pub mod states;
 pub mod worker;
 
+pub use sessions::WharfSessions;
+
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tempfile::TempDir;
 use wharf::config::DeclarationConfig;
 use wharf::store::{PgSettings, PgStore, SqliteStore, Store};
-use wharf::{Config, Wharf};
+use wharf::Wharf;
+use wharf_server::Config;
 
 /// The Postgres URL tests use.
 pub fn pg_url() -> String {
@@ -139,7 +142,7 @@ impl TestStore {
 
     /// A Wharf over this store with fast test timings.
     pub fn wharf(&self) -> Wharf {
-        Wharf::with_store(self.store.clone(), &self.config())
+        Wharf::with_store(self.store.clone(), &self.config().settings())
     }
 
     /// A Wharf on this store with the harness's fast heartbeats and retries but instances that
@@ -148,7 +151,7 @@ impl TestStore {
     pub fn steady_wharf(&self) -> Wharf {
         let mut config = self.config();
         config.declarations.instance_ttl = Duration::from_secs(30);
-        Wharf::with_store(self.store.clone(), &config)
+        Wharf::with_store(self.store.clone(), &config.settings())
     }
 
     /// The Postgres schema, when on Postgres.

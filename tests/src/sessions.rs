@@ -4,18 +4,77 @@
 //! still holds for it), supervision's reconnects, and a handler that always fails.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use wharf::config::{SessionConfig, SubscriptionConfig};
 use wharf::domain::session::MANAGED_SESSION_AGGREGATE;
-use wharf::sessions::{MqttHandler, MqttMessage, SessionRuntime, SessionStatus};
-use wharf::{Config, HandlerError};
+use wharf::HandlerError;
+use wharf::Wharf;
 use wharf_mqtt::SessionHandle;
 use wharf_mqtt::{ConnectOptions, Deliveries, Delivery, DisconnectReason, QoS, Session};
+use wharf_server::config::{SessionConfig, SubscriptionConfig};
+use wharf_server::Config;
+use wharf_sessions::{
+    LogIngest, MqttHandler, MqttMessage, SessionError, SessionLedger, SessionRuntime, SessionStatus,
+};
 
 use crate::TestStore;
+
+/// A [`Wharf`]'s MQTT sessions as the `wharf` server starts them
+/// ([`wharf_server::supervisor::start_sessions`]): the library knows no MQTT, so the tests
+/// reach the sessions of a Wharf through this.
+pub trait WharfSessions {
+    /// Starts every session `config.mqtt` names, appending to this Wharf's message log.
+    fn start_sessions(&self, config: &Config) -> Result<Vec<SessionRuntime>, SessionError>;
+    /// Starts every session `config.mqtt` names, delivering to `handler`.
+    fn start_sessions_with(
+        &self,
+        config: &Config,
+        handler: Arc<dyn MqttHandler>,
+    ) -> Result<Vec<SessionRuntime>, SessionError>;
+    /// The managed-filter ledger on this Wharf's store.
+    fn session_ledger(&self) -> SessionLedger;
+    /// Seeds `session_id`'s baseline with `filters` (as an application's composition root).
+    fn seed_session_baseline(
+        &self,
+        session_id: &str,
+        filters: &[&str],
+    ) -> impl std::future::Future<Output = Result<(), SessionError>> + Send;
+}
+
+impl WharfSessions for Wharf {
+    fn start_sessions(&self, config: &Config) -> Result<Vec<SessionRuntime>, SessionError> {
+        self.start_sessions_with(config, Arc::new(LogIngest::new(self.queue().clone())))
+    }
+
+    fn start_sessions_with(
+        &self,
+        config: &Config,
+        handler: Arc<dyn MqttHandler>,
+    ) -> Result<Vec<SessionRuntime>, SessionError> {
+        wharf_server::supervisor::start_sessions(self, config, handler)
+    }
+
+    fn session_ledger(&self) -> SessionLedger {
+        wharf_server::supervisor::session_ledger(self)
+    }
+
+    fn seed_session_baseline(
+        &self,
+        session_id: &str,
+        filters: &[&str],
+    ) -> impl std::future::Future<Output = Result<(), SessionError>> + Send {
+        let ledger = self.session_ledger();
+        let session_id = session_id.to_owned();
+        let filters: Vec<String> = filters.iter().map(|f| (*f).to_owned()).collect();
+        async move {
+            let filters: Vec<&str> = filters.iter().map(String::as_str).collect();
+            ledger.seed_baseline(&session_id, &filters).await
+        }
+    }
+}
 
 /// How long any single wait of a session test may take (retries back off from 1 s).
 pub const SESSION_DEADLINE: Duration = Duration::from_secs(30);

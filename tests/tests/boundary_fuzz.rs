@@ -8,11 +8,12 @@
 //! exact input where the type promises it (filters and names keep their bytes).
 
 use proptest::prelude::*;
-use wharf::config::{parse_retention, Config};
+use wharf::config::parse_retention;
 use wharf::domain::session::{CanonicalBroker, ExactFilter};
 use wharf::domain::{BindingSet, GroupName, Subject, TopicFilter, TopicName};
-use wharf::sessions::parse_seed_spec;
 use wharf::store::StoreLocation;
+use wharf_server::config::Config;
+use wharf_sessions::parse_seed_spec;
 
 const CASES: u32 = 2_000;
 

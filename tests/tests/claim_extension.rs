@@ -132,7 +132,7 @@ fn wharf_with(store: &TestStore, max_claim_hold: Duration) -> Wharf {
         max_claim_hold,
         ..QueueConfig::default()
     };
-    Wharf::with_store(store.store.clone(), &config)
+    Wharf::with_store(store.store.clone(), &config.settings())
 }
 
 fn registration() -> Registration {

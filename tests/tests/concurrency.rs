@@ -239,7 +239,7 @@ async fn racers_wait_on_a_live_incumbent(backend: Backend) {
     // A TTL long enough that the incumbent cannot lapse on a slow machine mid-race.
     let mut config = ts.config();
     config.declarations.instance_ttl = Duration::from_secs(30);
-    let wharf = Wharf::with_store(ts.store.clone(), &config);
+    let wharf = Wharf::with_store(ts.store.clone(), &config.settings());
 
     // Its consumer is the instance `incumbent/1`: the declarer the racers wait on.
     let incumbent = wharf

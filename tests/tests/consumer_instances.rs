@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use wharf::config::{Config, DeclarationConfig, QueueConfig};
+use wharf::config::{DeclarationConfig, QueueConfig};
 use wharf::domain::{DeclarationEvent, DeclarerId, GroupName};
 use wharf::handler::handler_fn;
 use wharf::queue::{Claimed, Headers};
 use wharf::store::{PgStore, SqliteStore, Store};
 use wharf::{Consumer, ConsumerState, Registration, Wharf};
+use wharf_server::config::Config;
 use wharf_tests::proxy::TcpProxy;
 use wharf_tests::states::StateLog;
 use wharf_tests::{on_both_backends, pg_url, wait_until, Backend, TestStore};
@@ -142,7 +143,10 @@ fn joined(state: &ConsumerState) -> (i64, u64) {
 async fn two_consumers_in_one_process_behave_like_two_processes(backend: Backend) {
     let store = TestStore::new(backend).await;
     // Heartbeats every 50 ms: the second set waits through dozens of them.
-    let wharf = Wharf::with_store(store.store.clone(), &config(&store, timings(50, 5_000)));
+    let wharf = Wharf::with_store(
+        store.store.clone(),
+        &config(&store, timings(50, 5_000)).settings(),
+    );
     let first = wharf.consume(registration(&["orders/eu/#"]));
     ready(&first, "the first consumer").await;
     let twin = wharf.consume(registration(&["orders/eu/#"]));
@@ -328,9 +332,9 @@ async fn an_instance_cut_off_past_its_ttl_redeclares_before_it_claims(backend: B
     let store = TestStore::new(backend).await;
     let ttl = Duration::from_secs(1);
     let config = config(&store, timings(50, 1_000));
-    let direct = Wharf::with_store(store.store.clone(), &config);
+    let direct = Wharf::with_store(store.store.clone(), &config.settings());
     let (mut outage, consumer_store) = Outage::new(&store).await;
-    let wharf = Wharf::with_store(consumer_store, &config);
+    let wharf = Wharf::with_store(consumer_store, &config.settings());
 
     // Each handled message with the consumer's `joins` when its handler ran.
     let handled: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
@@ -462,7 +466,7 @@ async fn a_heartbeat_confirmed_again_within_the_ttl_resumes_under_the_same_insta
     // A 3 s TTL: a call's deadline is 1 s, and the outage below ends well before the lapse.
     let config = config(&store, timings(50, 3_000));
     let (mut outage, consumer_store) = Outage::new(&store).await;
-    let wharf = Wharf::with_store(consumer_store, &config);
+    let wharf = Wharf::with_store(consumer_store, &config.settings());
     let consumer = wharf.consume(registration(&["orders/#"]));
     ready(&consumer, "the consumer").await;
     let before = joined(&consumer.state());
@@ -513,13 +517,16 @@ async fn a_fenced_runtime_claims_nothing_new_and_redeclares(backend: Backend) {
     // make it re-declare.
     let slow = Wharf::with_store(
         store.store.clone(),
-        &config(&store, timings(10_000, 30_000)),
+        &config(&store, timings(10_000, 30_000)).settings(),
     );
     let old = slow.as_declarer(DeclarerId::parse("declarer", "old").unwrap());
     // The new declarer judges liveness with a 200 ms TTL, so to it the old instance's row
     // lapses 200 ms after its join: the old instance's heartbeat lapsed, as far as the group's
     // next decision is concerned.
-    let hasty = Wharf::with_store(store.store.clone(), &config(&store, timings(50, 200)));
+    let hasty = Wharf::with_store(
+        store.store.clone(),
+        &config(&store, timings(50, 200)).settings(),
+    );
     let new = hasty.as_declarer(DeclarerId::parse("declarer", "new").unwrap());
 
     let handled: Arc<Mutex<Vec<String>>> = Arc::default();

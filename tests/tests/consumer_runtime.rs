@@ -35,7 +35,7 @@ fn fast_wharf(store: &TestStore, adjust: impl FnOnce(&mut QueueConfig)) -> Wharf
         ..QueueConfig::default()
     };
     adjust(&mut config.queue);
-    Wharf::with_store(store.store.clone(), &config)
+    Wharf::with_store(store.store.clone(), &config.settings())
 }
 
 fn as_declarer(wharf: &Wharf, name: &str) -> Wharf {

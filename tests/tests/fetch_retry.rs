@@ -38,7 +38,7 @@ async fn a_fetch_past_its_deadline_is_retried_soon_not_after_the_poll_interval()
         visibility_timeout: Duration::from_secs(2),
         ..QueueConfig::default()
     };
-    let wharf = Wharf::with_store(test.store.clone(), &config);
+    let wharf = Wharf::with_store(test.store.clone(), &config.settings());
     let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
     let consumer = wharf.consume_with(registration, handler_fn(|_: Claimed| async { Ok(()) }));
     wait_until("the consumer's first, empty fetch", DEADLINE, || {

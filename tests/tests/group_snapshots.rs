@@ -31,7 +31,7 @@ const EVERY: u64 = 10;
 fn wharf_for(test: &TestStore, every: u64) -> Wharf {
     let mut config = test.config();
     config.declarations.snapshot_every = every;
-    Wharf::with_store(test.store.clone(), &config)
+    Wharf::with_store(test.store.clone(), &config.settings())
 }
 
 fn group() -> GroupName {

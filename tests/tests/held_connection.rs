@@ -141,7 +141,7 @@ async fn a_consumer_waiting_on_its_handlers_holds_no_connection() {
         drain_timeout: Duration::from_secs(10),
         ..QueueConfig::default()
     };
-    let wharf = Wharf::with_store(test.store.clone(), &config);
+    let wharf = Wharf::with_store(test.store.clone(), &config.settings());
     let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
     wharf.register(&registration).await.unwrap();
     // Two quick messages, then two whose handlers wait for the gate: the fetch that claims
@@ -216,7 +216,7 @@ async fn a_consumer_runs_on_a_pool_of_one() {
         poll_interval: Duration::from_millis(20),
         ..QueueConfig::default()
     };
-    let wharf = Wharf::with_store(Store::Postgres(store), &config);
+    let wharf = Wharf::with_store(Store::Postgres(store), &config.settings());
     let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
     wharf.register(&registration).await.unwrap();
     let handled = Arc::new(AtomicUsize::new(0));
@@ -281,7 +281,7 @@ async fn a_busy_consumer_whose_sessions_are_terminated_goes_on() {
         visibility_timeout: Duration::from_secs(2),
         ..QueueConfig::default()
     };
-    let wharf = Wharf::with_store(Store::Postgres(store.clone()), &config);
+    let wharf = Wharf::with_store(Store::Postgres(store.clone()), &config.settings());
     let registration = Registration::new("billing", "orders", "1", &["orders/#"]).unwrap();
     wharf.register(&registration).await.unwrap();
     for chunk in 0..MESSAGES / 500 {

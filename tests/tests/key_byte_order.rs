@@ -185,10 +185,14 @@ async fn postgres_with_a_linguistic_default_collation() {
             .unwrap();
     assert_ne!(linguistic, byte_order(&NAMES), "en-US orders like bytes?");
 
-    let config = wharf::Config {
+    let config = wharf_server::Config {
         declarations: fast_declarations(),
-        ..wharf::Config::default()
+        ..wharf_server::Config::default()
     };
-    assert_byte_order(&store, &Wharf::with_store(store.clone(), &config)).await;
+    assert_byte_order(
+        &store,
+        &Wharf::with_store(store.clone(), &config.settings()),
+    )
+    .await;
     pg.pool().close().await;
 }

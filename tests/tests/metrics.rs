@@ -164,7 +164,7 @@ async fn a_scrape_shows_the_workload(backend: Backend) {
         poll_interval: Duration::from_millis(20),
         ..QueueConfig::default()
     };
-    let wharf = Wharf::with_store(store.store.clone(), &config);
+    let wharf = Wharf::with_store(store.store.clone(), &config.settings());
     let read = ReadModel::new(store.store.clone(), config.declarations.instance_ttl);
     let state = ApiState::new(read)
         .with_queue(wharf.queue().clone())

@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wharf_tests::WharfSessions;
 
 use wharf::domain::session::{Qos, SessionLevel, SubscribeOutcome};
 use wharf_mqtt::{DisconnectReason, QoS};
@@ -239,7 +240,7 @@ struct DeniedStale {
     client: String,
     legacy: String,
     covered: String,
-    config: wharf::Config,
+    config: wharf_server::Config,
     id: String,
 }
 
@@ -524,7 +525,7 @@ async fn removed_with_backlog(
     root: &str,
     client: &str,
     backlog: usize,
-) -> wharf::Config {
+) -> wharf_server::Config {
     let old = format!("{root}/old/#");
     let before = session_config(ts, &broker.url(), client, &[(&old, 1)], GRACE);
     let wharf = ts.wharf();

@@ -5,12 +5,13 @@
 //! claim it was fenced by.
 
 use std::time::Duration;
+use wharf_tests::WharfSessions;
 
-use wharf::config::LeaseConfig;
 use wharf::domain::lease::LEASE_AGGREGATE;
 use wharf::domain::session::{SessionLevel, SessionMode, MANAGED_SESSION_AGGREGATE};
-use wharf::sessions::{SessionRuntime, SessionStatus};
-use wharf::Config;
+use wharf_server::config::LeaseConfig;
+use wharf_server::Config;
+use wharf_sessions::{SessionRuntime, SessionStatus};
 use wharf_tests::sessions::{session_config, session_id, unique, wait_status};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
@@ -175,7 +176,7 @@ async fn a_refused_subscribe_releases_the_lease_each_round(backend: Backend) {
     session.brokers = vec![broker.url()];
     session.subscriptions = [&allowed, &denied]
         .into_iter()
-        .map(|filter| wharf::config::SubscriptionConfig {
+        .map(|filter| wharf_server::config::SubscriptionConfig {
             filter: filter.clone(),
             qos: 1,
             topic: "sensors".to_owned(),
@@ -240,10 +241,10 @@ struct Stuck {
 }
 
 #[async_trait::async_trait]
-impl wharf::sessions::MqttHandler for Stuck {
+impl wharf_sessions::MqttHandler for Stuck {
     async fn handle(
         &self,
-        _batch: &[wharf::sessions::MqttMessage],
+        _batch: &[wharf_sessions::MqttMessage],
     ) -> Result<(), wharf::HandlerError> {
         self.called.notify_one();
         std::future::pending().await
@@ -325,14 +326,14 @@ async fn a_migration_required_holder_keeps_the_lease_until_it_expires(backend: B
     })
     .await;
     assert_eq!(terminal.generation, None, "nothing connected");
-    let leases = wharf::sessions::LeaseLedger::new(ts.store.clone());
+    let leases = wharf_sessions::LeaseLedger::new(ts.store.clone());
     let other = LeaseHolder::parse("holder", "operator-check:1").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut refused_while_held = false;
     let taken = loop {
         match leases.acquire(&id, &other, Duration::from_secs(30)).await {
             Ok(acquired) => break acquired,
-            Err(wharf::WharfError::Lease(LeaseError::Held { token, .. })) => {
+            Err(wharf_sessions::SessionError::Lease(LeaseError::Held { token, .. })) => {
                 assert_eq!(token.get(), 1);
                 refused_while_held = true;
                 assert!(

@@ -4,11 +4,13 @@
 //! is unsubscribed exactly, recycled, verified and forgotten.
 
 use std::time::Duration;
+use wharf_tests::WharfSessions;
 
 use wharf::domain::session::{
     Qos, ReconcileSettings, SessionLevel, SubAckEntry, MANAGED_SESSION_AGGREGATE,
 };
-use wharf::{Config, Wharf};
+use wharf::Wharf;
+use wharf_server::Config;
 use wharf_tests::fixtures::{declare, group};
 use wharf_tests::sessions::{self, session_config, session_id, unique, wait_status};
 use wharf_tests::{on_both_backends, Backend, TestStore};
@@ -271,10 +273,10 @@ on_both_backends!(
 struct Batches(std::sync::Mutex<Vec<(usize, usize)>>);
 
 #[async_trait::async_trait]
-impl wharf::sessions::MqttHandler for Batches {
+impl wharf_sessions::MqttHandler for Batches {
     async fn handle(
         &self,
-        batch: &[wharf::sessions::MqttMessage],
+        batch: &[wharf_sessions::MqttMessage],
     ) -> Result<(), wharf::HandlerError> {
         let bytes = batch.iter().map(|m| m.message.payload.len()).sum();
         self.0

@@ -53,7 +53,7 @@ async fn an_idle_connection_is_checked_and_a_busy_one_is_replaced_after_one_fail
     // One connection, so every call below gets the same one while it lives.
     let mut config = ts.config();
     config.store.max_connections = 1;
-    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    let wharf = wharf::Wharf::open(&config.settings()).await.expect("open");
     let store = wharf.store();
     let first = backend_pid(store).await;
     terminate(first).await;
@@ -107,7 +107,7 @@ async fn every_connection_runs_without_jit_and_keeps_the_url_s_own_options() {
     let mut config = ts.config();
     config.store.url =
         wharf_tests::with_url_param(&config.store.url, "options=-c%20statement_timeout%3D4321");
-    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    let wharf = wharf::Wharf::open(&config.settings()).await.expect("open");
     assert_eq!(
         setting(wharf.store(), "jit").await,
         "off",

@@ -5,7 +5,8 @@
 //! which the built-in roots do not trust.
 
 use wharf::store::Store;
-use wharf::{Config, Wharf};
+use wharf::Wharf;
+use wharf_server::Config;
 use wharf_tests::{with_url_param, Backend, TestStore};
 
 /// One text value a statement returns on one of `store`'s connections.
@@ -37,7 +38,7 @@ fn config_with(ts: &TestStore, param: &str) -> Config {
 /// Whether a Wharf opened on a fresh test store with `param` in its URL talks TLS.
 async fn opens_encrypted(param: &str) -> bool {
     let ts = TestStore::new(Backend::Postgres).await;
-    let wharf = Wharf::open(&config_with(&ts, param))
+    let wharf = Wharf::open(&config_with(&ts, param).settings())
         .await
         .unwrap_or_else(|e| panic!("opens with {param}: {e}"));
     session_is_tls(&wharf).await
@@ -62,7 +63,7 @@ async fn sslmode_disable_connects_in_plain_text() {
 #[tokio::test]
 async fn sslmode_verify_full_refuses_an_untrusted_certificate() {
     let ts = TestStore::new(Backend::Postgres).await;
-    let error = match Wharf::open(&config_with(&ts, "sslmode=verify-full")).await {
+    let error = match Wharf::open(&config_with(&ts, "sslmode=verify-full").settings()).await {
         Ok(_) => panic!("a self-signed server certificate must not be trusted"),
         Err(error) => error.to_string(),
     };
@@ -89,7 +90,7 @@ async fn sslmode_verify_full_trusts_the_root_the_url_names() {
         &config.store.url.replacen("127.0.0.1", "localhost", 1),
         &format!("sslmode=verify-full&sslrootcert={root}"),
     );
-    let wharf = Wharf::open(&config)
+    let wharf = Wharf::open(&config.settings())
         .await
         .expect("opens, verifying the server against the named root");
     assert!(session_is_tls(&wharf).await, "the session is encrypted");

@@ -39,7 +39,7 @@ fn hour_poll_wharf(store: Store, test: &TestStore) -> Wharf {
         poll_interval: Duration::from_secs(3600),
         ..QueueConfig::default()
     };
-    Wharf::with_store(store, &config)
+    Wharf::with_store(store, &config.settings())
 }
 
 fn recorder(seen: Arc<Mutex<Vec<Claimed>>>) -> impl wharf::Handler {

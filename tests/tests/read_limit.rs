@@ -191,7 +191,7 @@ async fn the_api_reads_while_the_store_pool_is_taken() {
     let test = TestStore::new(Backend::Postgres).await;
     let mut config = test.config();
     config.store.max_connections = 1;
-    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    let wharf = wharf::Wharf::open(&config.settings()).await.expect("open");
     let app = App::over(&wharf, 1).await;
     let Store::Postgres(pg) = wharf.store() else {
         unreachable!("a Postgres test store")

@@ -153,7 +153,7 @@ async fn workload(ts: &TestStore, rng: &mut StdRng) -> Wharf {
     // judge liveness with a long TTL, so a slow machine cannot lapse p0 early.
     let mut patient = ts.config();
     patient.declarations.instance_ttl = Duration::from_secs(30);
-    let patient = Wharf::with_store(ts.store.clone(), &patient);
+    let patient = Wharf::with_store(ts.store.clone(), &patient.settings());
     let incumbent = patient
         .as_declarer(declarer(0))
         .consume(registration(GROUPS[0], 0));
@@ -579,7 +579,7 @@ async fn long_retention_prunes_nothing(backend: Backend) {
     let ts = TestStore::new(backend).await;
     let mut config = ts.config();
     config.declarations.instance_ttl = Duration::from_secs(30);
-    let wharf = Wharf::with_store(ts.store.clone(), &config);
+    let wharf = Wharf::with_store(ts.store.clone(), &config.settings());
 
     // p1 waits three times on p0's live instance: two of its attempts are superseded.
     let incumbent = wharf

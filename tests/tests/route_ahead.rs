@@ -33,7 +33,7 @@ fn wharf(store: &TestStore) -> Wharf {
         drain_timeout: Duration::from_secs(10),
         ..QueueConfig::default()
     };
-    Wharf::with_store(store.store.clone(), &config)
+    Wharf::with_store(store.store.clone(), &config.settings())
 }
 
 async fn routed_position(wharf: &Wharf) -> i64 {

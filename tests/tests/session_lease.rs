@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use wharf::domain::lease::{FencingToken, LeaseError, LeaseHolder, Staleness, LEASE_AGGREGATE};
 use wharf::domain::session::{ExactFilter, Qos, MANAGED_SESSION_AGGREGATE};
-use wharf::sessions::{LeaseLedger, RenewVerdict, SessionLedger};
 use wharf::store::LeaseClaim;
-use wharf::WharfError;
+use wharf_sessions::SessionError;
+use wharf_sessions::{LeaseLedger, RenewVerdict, SessionLedger};
 use wharf_tests::{execute_sql, on_both_backends, Backend, TestStore};
 
 const SESSION: &str = "ms-0123456789abcdef0123456789abcdef";
@@ -53,12 +53,12 @@ async fn acquire_after_expiry(
     leases: &LeaseLedger,
     who: &LeaseHolder,
     ttl: Duration,
-) -> wharf::sessions::Acquired {
+) -> wharf_sessions::Acquired {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         match leases.acquire(SESSION, who, ttl).await {
             Ok(acquired) => return acquired,
-            Err(WharfError::Lease(LeaseError::Held { .. })) if Instant::now() < deadline => {
+            Err(SessionError::Lease(LeaseError::Held { .. })) if Instant::now() < deadline => {
                 tokio::task::yield_now().await;
             }
             Err(e) => panic!("acquire after expiry: {e}"),
@@ -78,7 +78,7 @@ async fn lease_lifecycle(backend: Backend) {
 
     let held = leases.acquire(SESSION, &b, Duration::from_secs(30)).await;
     assert!(
-        matches!(held, Err(WharfError::Lease(LeaseError::Held { ref holder, .. })) if holder == &a),
+        matches!(held, Err(SessionError::Lease(LeaseError::Held { ref holder, .. })) if holder == &a),
         "{held:?}"
     );
     match leases.renew(SESSION, &a, first.token).await.expect("renew") {
@@ -92,7 +92,10 @@ async fn lease_lifecycle(backend: Backend) {
     );
     let refused = leases.release(SESSION, &b, first.token).await;
     assert!(
-        matches!(refused, Err(WharfError::Lease(LeaseError::StaleRelease(_)))),
+        matches!(
+            refused,
+            Err(SessionError::Lease(LeaseError::StaleRelease(_)))
+        ),
         "{refused:?}"
     );
     leases
@@ -154,7 +157,7 @@ async fn stale_writes_are_fenced(backend: Backend) {
     let forged = ledger.fenced(claim(&a, FencingToken(7)));
     let refused = forged.remember(SESSION, filters(&["plant/forged"])).await;
     assert!(
-        matches!(refused, Err(WharfError::Fenced { .. })),
+        matches!(refused, Err(SessionError::Fenced { .. })),
         "{refused:?}"
     );
 
@@ -164,7 +167,7 @@ async fn stale_writes_are_fenced(backend: Backend) {
     let before = event_types(&ts, MANAGED_SESSION_AGGREGATE).await;
     let stale = owner.remember(SESSION, filters(&["plant/stale"])).await;
     match &stale {
-        Err(WharfError::Fenced { session_id, reason }) => {
+        Err(SessionError::Fenced { session_id, reason }) => {
             assert_eq!(session_id, SESSION);
             assert!(
                 reason.contains("host-a-1") && reason.contains("token 1"),
@@ -180,7 +183,7 @@ async fn stale_writes_are_fenced(backend: Backend) {
         )
         .await;
     assert!(
-        matches!(forget, Err(WharfError::Fenced { .. })),
+        matches!(forget, Err(SessionError::Fenced { .. })),
         "{forget:?}"
     );
     assert_eq!(

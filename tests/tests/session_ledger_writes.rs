@@ -6,6 +6,7 @@
 //! replays. Two handles writing at once lose nothing (the optimistic form's conflict path).
 
 use std::sync::Arc;
+use wharf_tests::WharfSessions;
 
 use wharf::domain::session::{
     ExactFilter, ManagedSession, ManagedSessionError, Qos, SubscribeOutcome,
@@ -13,7 +14,7 @@ use wharf::domain::session::{
 };
 use wharf::projections::ManagedFilterView;
 use wharf::store::{RebuildMode, Store};
-use wharf::WharfError;
+use wharf_sessions::SessionError;
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
 fn filter(f: &str) -> ExactFilter {
@@ -44,9 +45,9 @@ async fn folded(store: &Store, id: &str) -> ManagedSession {
     ManagedSession::fold(&decoded)
 }
 
-fn not_in_history(result: Result<impl std::fmt::Debug, WharfError>, f: &str) {
+fn not_in_history(result: Result<impl std::fmt::Debug, SessionError>, f: &str) {
     match result {
-        Err(WharfError::Session(ManagedSessionError::NotInHistory { filter })) => {
+        Err(SessionError::Session(ManagedSessionError::NotInHistory { filter })) => {
             assert_eq!(filter.as_str(), f);
         }
         other => panic!("expected NotInHistory for {f}, got {other:?}"),

@@ -9,10 +9,10 @@
 //! runs every register locked; the first edge runs there too, as the reference.
 
 use chrono::{DateTime, Utc};
-use wharf::config::Config;
 use wharf::domain::{DeclarationEvent, DeclarerId, RegisterOutcome};
 use wharf::store::{PgStore, Store};
 use wharf::{Registration, Wharf};
+use wharf_server::config::Config;
 use wharf_tests::{keep_live, on_both_backends, on_postgres, Backend, TestStore};
 
 const GROUP: &str = "billing";
@@ -91,7 +91,7 @@ fn second_process(store: &TestStore) -> Wharf {
         declarations: wharf_tests::fast_declarations(),
         ..store.config()
     };
-    Wharf::with_store(Store::Postgres(handle), &config)
+    Wharf::with_store(Store::Postgres(handle), &config.settings())
 }
 
 /// Another process installs between two registers of this one: this one's next install names

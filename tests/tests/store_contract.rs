@@ -1288,7 +1288,7 @@ async fn postgres_es_reads_the_wharf_ledger() {
     let ts = TestStore::new(Backend::Postgres).await;
     let mut config = ts.config();
     config.declarations.instance_ttl = Duration::from_secs(30);
-    let wharf = wharf::Wharf::with_store(ts.store.clone(), &config);
+    let wharf = wharf::Wharf::with_store(ts.store.clone(), &config.settings());
     let old = Registration::new("interop", "orders", "1.0.0", &["orders/+/paid"]).expect("valid");
     let new = Registration::new(
         "interop",

@@ -30,7 +30,7 @@ const CALLER_DEADLINE: Duration = Duration::from_millis(200);
 async fn pool_of_one(test: &TestStore) -> (wharf::Wharf, sqlx::PgPool) {
     let mut config = test.config();
     config.store.max_connections = 1;
-    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    let wharf = wharf::Wharf::open(&config.settings()).await.expect("open");
     let Store::Postgres(pg) = wharf.store() else {
         unreachable!("a Postgres test store")
     };
@@ -178,7 +178,7 @@ async fn a_consumer_whose_fetches_outlive_their_deadline_keeps_its_pool() {
         visibility_timeout: Duration::from_secs(2),
         ..QueueConfig::default()
     };
-    let wharf = wharf::Wharf::open(&config).await.expect("open");
+    let wharf = wharf::Wharf::open(&config.settings()).await.expect("open");
     let Store::Postgres(pg) = wharf.store() else {
         unreachable!("a Postgres test store")
     };

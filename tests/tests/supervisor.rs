@@ -13,13 +13,15 @@ mod contract;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wharf_tests::WharfSessions;
 
 use tokio::sync::watch;
-use wharf::config::SessionConfig;
 use wharf::domain::session::{SessionLevel, SessionMode};
-use wharf::sessions::SessionStatus;
-use wharf::supervisor::{ConfigLoader, ConfigWatch, ReloadOutcome, Supervisor};
-use wharf::{Config, WharfError};
+use wharf_server::config::SessionConfig;
+use wharf_server::supervisor::{ConfigLoader, ConfigWatch, ReloadOutcome, Supervisor};
+use wharf_server::Config;
+use wharf_server::ServerError;
+use wharf_sessions::SessionStatus;
 use wharf_tests::broker::{anonymous_dynsec, Broker, BrokerConfig};
 use wharf_tests::sessions::{blocking, publish, session_config, session_id, unique};
 use wharf_tests::{on_both_backends, Backend, TestStore};
@@ -46,7 +48,7 @@ impl Source {
 
     fn loader(&self) -> ConfigLoader {
         let source = self.0.clone();
-        Arc::new(move || source.lock().unwrap().clone().map_err(WharfError::Config))
+        Arc::new(move || source.lock().unwrap().clone().map_err(ServerError::Config))
     }
 }
 
@@ -271,7 +273,7 @@ async fn an_acl_denied_filter_is_applied_then_degraded_then_cleared(backend: Bac
     let with_denied = {
         let mut c = config.clone();
         let subs = &mut c.mqtt.sessions.get_mut("plant").unwrap().subscriptions;
-        subs.push(wharf::config::SubscriptionConfig {
+        subs.push(wharf_server::config::SubscriptionConfig {
             filter: denied.clone(),
             qos: 1,
             topic: "sensors".into(),
@@ -344,8 +346,8 @@ async fn rapid_requests(strategy: &str, requests: u32) -> (u64, u64) {
     let broker = Broker::start(BrokerConfig::default());
     let mut config = quick(ts.config());
     config.mqtt.reload_strategy = match strategy {
-        "debounced" => wharf::config::ReloadStrategy::Debounced,
-        _ => wharf::config::ReloadStrategy::Direct,
+        "debounced" => wharf_server::config::ReloadStrategy::Debounced,
+        _ => wharf_server::config::ReloadStrategy::Direct,
     };
     config.mqtt.reload_window = Duration::from_secs(2);
     let mut session = SessionConfig::new(&broker.url(), &unique("wharf-rapid"));
@@ -549,7 +551,7 @@ async fn exclusive_sessions_converge_on_the_holder_and_stand_by_elsewhere(backen
         Duration::from_millis(200),
     ));
     config.mqtt.sessions.get_mut("plant").unwrap().mode = SessionMode::Exclusive;
-    config.lease = wharf::config::LeaseConfig {
+    config.lease = wharf_server::config::LeaseConfig {
         ttl: Duration::from_secs(2),
         renew_interval: Duration::from_millis(250),
         renew_deadline: Duration::from_secs(1),

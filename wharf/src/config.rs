@@ -1,9 +1,11 @@
-//! Typed configuration: a TOML file, then `WHARF_<SECTION>__<KEY>` environment overrides.
+//! The library's settings: the three sections of the configuration that an embedded Wharf
+//! reads (`store`, `declarations`, `queue`), with their defaults and their checks.
 //!
-//! Every key has a default, so no file is needed for the embedded SQLite default. Unknown keys
-//! are refused by name, so a typo never silently falls back to a default.
+//! The `wharf` server's configuration file carries these sections beside its own (HTTP, log,
+//! MQTT, lease, prune); it layers a file, the environment and flags into them. The library
+//! itself reads no file and no environment: an application builds a [`Settings`] (or
+//! deserializes one with serde) and passes it to [`crate::Wharf::open`].
 
-use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -11,52 +13,33 @@ use serde::{Deserialize, Serialize};
 use crate::error::WharfError;
 
 mod declarations;
-mod env;
-mod http;
-mod layers;
-mod lease;
-mod log;
-mod mqtt;
-mod prune;
 mod queue;
 mod store;
 
 pub use declarations::DeclarationConfig;
-use env::env_overrides;
-pub use env::ENV_PREFIX;
-pub use http::HttpConfig;
-use layers::Layer;
-pub use lease::LeaseConfig;
-pub use prune::PruneConfig;
 pub use queue::QueueConfig;
 pub use store::StoreConfig;
 
-pub use log::{parse_filter, LogConfig, LogFormat, FILTER_FORMAT};
-pub use mqtt::{
-    ClientIdSuffix, MqttConfig, ReloadStrategy, ResolvedSession, SessionConfig, SubscriptionConfig,
-    TlsFiles,
-};
-
-/// The whole configuration.
+/// What [`crate::Wharf::open`] reads: where the ledger lives, how declarations retry and how
+/// liveness is judged, and how the message log is claimed and retained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
-pub struct Config {
+pub struct Settings {
     /// Where the ledger lives.
     pub store: StoreConfig,
     /// How declarations retry and how liveness is judged.
     pub declarations: DeclarationConfig,
-    /// The REST listing API.
-    pub http: HttpConfig,
-    /// The deferred pruner.
-    pub prune: PruneConfig,
     /// The message log: claims, retries, the consumer runtime and log retention.
     pub queue: QueueConfig,
-    /// How the `wharf` binary logs (the library installs no subscriber).
-    pub log: LogConfig,
-    /// The MQTT sessions bridged into the message log.
-    pub mqtt: MqttConfig,
-    /// The HA lease of exclusive MQTT sessions.
-    pub lease: LeaseConfig,
+}
+
+impl Settings {
+    /// Checks every key; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), WharfError> {
+        self.declarations.validate()?;
+        self.store.validate()?;
+        self.queue.validate()
+    }
 }
 
 /// The longest retention accepted (100 years of 365.25 days): a cutoff further back than this
@@ -67,7 +50,8 @@ pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
 pub const RETENTION_FORMAT: &str =
     "a duration such as 90s, 15m, 24h or 7d (units s, m, h, d, w, months, years), at most 100 years";
 
-fn check_retention(key: &str, value: Duration) -> Result<(), WharfError> {
+/// Refuses a retention above [`MAX_RETENTION`], naming `key`.
+pub fn check_retention(key: &str, value: Duration) -> Result<(), WharfError> {
     if value > MAX_RETENTION {
         return Err(WharfError::Config(format!(
             "{key} must be at most 100 years, got {}",
@@ -88,338 +72,13 @@ pub fn parse_retention(text: &str) -> Result<Duration, String> {
     Ok(value)
 }
 
-impl Config {
-    /// Loads `path` (when given) and applies environment overrides from `env`.
-    pub fn load(
-        path: Option<&Path>,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Self, WharfError> {
-        Self::load_layers(path, env, &[])
-    }
-
-    /// Loads the layers in order, later ones winning key by key: the defaults, `path` (when
-    /// given), the `WHARF_<SECTION>__<KEY>` overrides in `env`, then `flags` (dotted keys such
-    /// as `store.url`, from the command line). Validates the result.
-    pub fn load_layers(
-        path: Option<&Path>,
-        env: impl IntoIterator<Item = (String, String)>,
-        flags: &[(&str, String)],
-    ) -> Result<Self, WharfError> {
-        let mut layers = Vec::new();
-        if let Some(path) = path {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| WharfError::Config(format!("cannot read {}: {e}", path.display())))?;
-            let table = text.parse::<toml::Table>().map_err(|e| {
-                WharfError::Config(format!("{} is not valid TOML: {e}", path.display()))
-            })?;
-            layers.push(Layer::new(path.display().to_string(), table));
-        }
-        layers.push(Layer::new(
-            "WHARF_ environment variables",
-            env_overrides(env)?,
-        ));
-        if !flags.is_empty() {
-            layers.push(Layer::of_keys("command-line flags", flags)?);
-        }
-        let config = layers::extract(layers)?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// The default configuration as a commented TOML document.
-    pub fn default_toml() -> String {
-        let body = toml::to_string_pretty(&Config::default()).unwrap_or_default();
-        format!(
-            "# Wharf configuration. Every key is optional; shown here with its default.\n\
-             # Override any key with an environment variable WHARF_<SECTION>__<KEY>,\n\
-             # e.g. WHARF_STORE__URL=postgres://wharf@db/wharf for cluster mode.\n\n{body}"
-        )
-    }
-
-    fn validate(&self) -> Result<(), WharfError> {
-        let d = &self.declarations;
-        if d.heartbeat_interval.is_zero() || d.retry_interval.is_zero() {
-            return Err(WharfError::Config(
-                "declarations.heartbeat_interval and declarations.retry_interval must be above 0"
-                    .into(),
-            ));
-        }
-        if d.instance_ttl <= d.heartbeat_interval * 2 {
-            return Err(WharfError::Config(format!(
-                "declarations.instance_ttl ({}) must exceed twice declarations.heartbeat_interval ({}), \
-                 or one late heartbeat would let a live incumbent be swapped out",
-                humantime::format_duration(d.instance_ttl),
-                humantime::format_duration(d.heartbeat_interval)
-            )));
-        }
-        check_retention("prune.retention", self.prune.retention)?;
-        if !(1..=1000).contains(&self.store.max_connections) {
-            return Err(WharfError::Config(format!(
-                "store.max_connections must be between 1 and 1000, got {}",
-                self.store.max_connections
-            )));
-        }
-        if !self.store.schema.is_empty() {
-            wharf_store::postgres::check_schema_name(&self.store.schema)
-                .map_err(|e| WharfError::Config(e.to_string()))?;
-        }
-        self.http.validate()?;
-        if self.prune.batch < 1 {
-            return Err(WharfError::Config(format!(
-                "prune.batch must be at least 1, got {}",
-                self.prune.batch
-            )));
-        }
-        self.queue.validate()?;
-        self.log.validate()?;
-        self.mqtt.validate()?;
-        self.lease.timing()?;
-        wharf_store::StoreLocation::parse(&self.store.url)
-            .map_err(|e| WharfError::Config(format!("store.url: {e}")))?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
-
     #[test]
-    fn no_file_gives_the_embedded_defaults() {
-        let config = Config::load(None, env(&[])).unwrap();
-        assert_eq!(config, Config::default());
-        assert_eq!(config.store.url, "sqlite://wharf.db");
-        assert_eq!(config.http.listen.to_string(), "127.0.0.1:8080");
-    }
-
-    #[test]
-    fn environment_overrides_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wharf.toml");
-        std::fs::write(
-            &path,
-            "[store]\nurl = \"sqlite://a.db\"\nmax_connections = 3\n",
-        )
-        .unwrap();
-        let config = Config::load(
-            Some(&path),
-            env(&[
-                ("WHARF_STORE__URL", "postgres://x@127.0.0.1/test"),
-                ("WHARF_DECLARATIONS__INSTANCE_TTL", "1m"),
-                ("WHARF_STORE__AUTO_MIGRATE", "false"),
-                ("UNRELATED", "1"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(config.store.url, "postgres://x@127.0.0.1/test");
-        assert_eq!(config.store.max_connections, 3);
-        assert!(!config.store.auto_migrate);
-        assert_eq!(config.declarations.instance_ttl, Duration::from_secs(60));
-    }
-
-    #[test]
-    fn layers_merge_key_by_key_defaults_file_environment_flags() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wharf.toml");
-        std::fs::write(
-            &path,
-            "[store]\nurl = \"sqlite://file.db\"\nmax_connections = 3\n\n\
-             [queue]\nconcurrency = 7\n",
-        )
-        .unwrap();
-        let flags = [("store.url", "sqlite://flag.db".to_owned())];
-        let config = Config::load_layers(
-            Some(&path),
-            env(&[
-                ("WHARF_STORE__URL", "sqlite://env.db"),
-                ("WHARF_STORE__MAX_CONNECTIONS", "5"),
-            ]),
-            &flags,
-        )
-        .unwrap();
-        assert_eq!(config.store.url, "sqlite://flag.db", "flags win");
-        assert_eq!(
-            config.store.max_connections, 5,
-            "the environment beats the file"
-        );
-        assert_eq!(config.queue.concurrency, 7, "the file beats the defaults");
-        assert_eq!(
-            config.http,
-            HttpConfig::default(),
-            "untouched sections keep their defaults"
-        );
-    }
-
-    #[test]
-    fn an_error_names_the_key_and_the_layer_it_came_from() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("wharf.toml");
-        std::fs::write(&path, "[queue]\nconcurrency = \"many\"\n").unwrap();
-        let err = Config::load(Some(&path), env(&[])).unwrap_err().to_string();
-        assert!(
-            err.contains("queue.concurrency") && err.contains("wharf.toml"),
-            "{err}"
-        );
-        let err = Config::load(None, env(&[("WHARF_QUEUE__CONCURRENCY", "many")]))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("queue.concurrency") && err.contains("environment"),
-            "{err}"
-        );
-        let flags = [("store.max_connections", "lots".to_owned())];
-        let err = Config::load_layers(None, env(&[]), &flags)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("store.max_connections") && err.contains("command-line flags"),
-            "{err}"
-        );
-        let bad = [("nosection", "x".to_owned())];
-        let err = Config::load_layers(None, env(&[]), &bad)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("nosection") && err.contains("SECTION.KEY"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn unknown_keys_are_refused_by_name() {
-        let err = Config::load(None, env(&[("WHARF_STORE__URLL", "x")])).unwrap_err();
-        assert!(err.to_string().contains("urll"), "{err}");
-    }
-
-    #[test]
-    fn a_bad_value_names_its_key() {
-        let err = Config::load(None, env(&[("WHARF_HTTP__LISTEN", "not-an-address")])).unwrap_err();
-        assert!(err.to_string().contains("http.listen"), "{err}");
-        let err =
-            Config::load(None, env(&[("WHARF_DECLARATIONS__INSTANCE_TTL", "1s")])).unwrap_err();
-        assert!(err.to_string().contains("instance_ttl"), "{err}");
-        let err = Config::load(None, env(&[("WHARF_STORE__URL", "mysql://x")])).unwrap_err();
-        assert!(err.to_string().contains("store.url"), "{err}");
-    }
-
-    #[test]
-    fn a_heartbeat_interval_too_close_to_the_ttl_names_both_values() {
-        let err = Config::load(
-            None,
-            env(&[
-                ("WHARF_DECLARATIONS__HEARTBEAT_INTERVAL", "10s"),
-                ("WHARF_DECLARATIONS__INSTANCE_TTL", "15s"),
-            ]),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("declarations.instance_ttl (15s)")
-                && err.contains("declarations.heartbeat_interval (10s)"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn numeric_looking_strings_stay_strings_for_string_keys() {
-        let config = Config::load(None, env(&[("WHARF_STORE__SCHEMA", "2024")])).unwrap();
-        assert_eq!(config.store.schema, "2024");
-        let config = Config::load(None, env(&[("WHARF_STORE__MAX_CONNECTIONS", "7")])).unwrap();
-        assert_eq!(config.store.max_connections, 7);
-    }
-
-    #[test]
-    fn unknown_wharf_variables_are_refused_by_name() {
-        let err = Config::load(None, env(&[("WHARF_FOO", "1")])).unwrap_err();
-        assert!(err.to_string().contains("WHARF_FOO"), "{err}");
-        for name in [
-            "WHARF_CONFIG",
-            "WHARF_TEST_PG_URL",
-            "WHARF_REQUIRE_SERVICES",
-        ] {
-            Config::load(None, env(&[(name, "x")])).unwrap();
-        }
-    }
-
-    #[test]
-    fn bounds_name_the_key_and_the_value() {
-        for (name, value, expected) in [
-            ("WHARF_STORE__MAX_CONNECTIONS", "0", "store.max_connections"),
-            ("WHARF_STORE__MAX_CONNECTIONS", "5000", "between 1 and 1000"),
-            (
-                "WHARF_STORE__SCHEMA",
-                "bad-name",
-                "store.schema \"bad-name\"",
-            ),
-            ("WHARF_PRUNE__RETENTION", "101years", "prune.retention"),
-            ("WHARF_QUEUE__RETENTION", "101years", "queue.retention"),
-            ("WHARF_HTTP__IDLE_TIMEOUT", "0s", "http.idle_timeout"),
-            (
-                "WHARF_HTTP__HEADER_READ_TIMEOUT",
-                "2h",
-                "http.header_read_timeout",
-            ),
-            ("WHARF_HTTP__MAX_BODY_BYTES", "0", "http.max_body_bytes"),
-            ("WHARF_HTTP__MAX_CONNECTIONS", "0", "http.max_connections"),
-            (
-                "WHARF_HTTP__MAX_CONCURRENT_REQUESTS",
-                "0",
-                "http.max_concurrent_requests",
-            ),
-            (
-                "WHARF_HTTP__MAX_CONCURRENT_READS",
-                "0",
-                "http.max_concurrent_reads",
-            ),
-            ("WHARF_HTTP__METRICS_TIMEOUT", "0s", "http.metrics_timeout"),
-            ("WHARF_MQTT__DRAIN_TIMEOUT", "0s", "mqtt.drain_timeout"),
-            (
-                "WHARF_MQTT__INGEST_BATCH_BYTES",
-                "512",
-                "mqtt.ingest_batch_bytes must be between 1024 and 1073741824, got 512",
-            ),
-            ("WHARF_MQTT__RELOAD_WINDOW", "2h", "mqtt.reload_window"),
-            (
-                "WHARF_MQTT__RELOAD_POLL_INTERVAL",
-                "5ms",
-                "mqtt.reload_poll_interval must be 0s (no polling) or at least 10ms, got 5ms",
-            ),
-            (
-                "WHARF_MQTT__RELOAD_STRATEGY",
-                "sometimes",
-                "reload_strategy",
-            ),
-            (
-                "WHARF_HTTP__METRICS_TIMEOUT",
-                "40s",
-                "http.metrics_timeout (40s) must be below http.request_timeout (30s)",
-            ),
-        ] {
-            let err = Config::load(None, env(&[(name, value)])).unwrap_err();
-            assert!(err.to_string().contains(expected), "{name}={value}: {err}");
-            assert!(
-                !err.to_string().contains("store url"),
-                "{name}={value}: {err}"
-            );
-        }
-        assert!(parse_retention("99999999999years").is_err());
-        assert!(parse_retention("forever").unwrap_err().contains("7d"));
-        assert_eq!(parse_retention("7d"), Ok(Duration::from_secs(7 * 86_400)));
-    }
-
-    #[test]
-    fn http_defaults_match_the_api_layer() {
-        assert_eq!(
-            HttpConfig::default().limits(),
-            wharf_api::HttpLimits::default()
-        );
+    fn the_defaults_pass_their_own_checks() {
+        Settings::default().validate().unwrap();
     }
 
     #[test]
@@ -434,69 +93,17 @@ mod tests {
     }
 
     #[test]
-    fn queue_defaults_match_the_queue_layer() {
-        let queue = Config::load(None, env(&[])).unwrap().queue;
-        assert_eq!(queue.settings(), wharf_queue::QueueSettings::default());
-        assert_eq!(queue.claim_batch, 32);
-        assert_eq!(queue.poll_interval, Duration::from_millis(200));
-        assert_eq!(queue.concurrency, 8);
-        assert_eq!(queue.drain_timeout, Duration::from_secs(30));
-        assert_eq!(queue.retention, Duration::from_secs(7 * 24 * 3600));
-        assert_eq!(queue.retention_batch, 5000);
+    fn retention_flags_name_the_format_and_the_bound() {
+        assert!(parse_retention("99999999999years").is_err());
+        assert!(parse_retention("forever").unwrap_err().contains("7d"));
+        assert_eq!(parse_retention("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        let err = check_retention("queue.retention", MAX_RETENTION * 2).unwrap_err();
+        assert!(err.to_string().contains("queue.retention"), "{err}");
     }
 
     #[test]
-    fn queue_keys_take_humantime_and_integers_from_the_environment() {
-        let config = Config::load(
-            None,
-            env(&[
-                ("WHARF_QUEUE__VISIBILITY_TIMEOUT", "2m"),
-                ("WHARF_QUEUE__POLL_INTERVAL", "50ms"),
-                ("WHARF_QUEUE__CLAIM_BATCH", "64"),
-                ("WHARF_QUEUE__MAX_ATTEMPTS", "1"),
-            ]),
-        )
-        .unwrap();
-        assert_eq!(config.queue.visibility_timeout, Duration::from_secs(120));
-        assert_eq!(config.queue.poll_interval, Duration::from_millis(50));
-        assert_eq!(config.queue.claim_batch, 64);
-        assert_eq!(config.queue.settings().max_attempts, 1);
-    }
-
-    #[test]
-    fn unusable_queue_values_name_their_key() {
-        for (name, value, key) in [
-            ("WHARF_QUEUE__MAX_ATTEMPTS", "0", "queue.max_attempts"),
-            ("WHARF_QUEUE__CONCURRENCY", "0", "queue.concurrency"),
-            ("WHARF_QUEUE__CLAIM_BATCH", "0", "queue.claim_batch"),
-            ("WHARF_QUEUE__ROUTE_BATCH", "-1", "queue.route_batch"),
-            ("WHARF_QUEUE__RETENTION_BATCH", "0", "queue.retention_batch"),
-            (
-                "WHARF_QUEUE__VISIBILITY_TIMEOUT",
-                "0s",
-                "queue.visibility_timeout",
-            ),
-            ("WHARF_QUEUE__POLL_INTERVAL", "0s", "queue.poll_interval"),
-            ("WHARF_QUEUE__RETENTION", "0s", "queue.retention"),
-            ("WHARF_QUEUE__BACKOFF_BASE", "10m", "queue.backoff_max"),
-        ] {
-            let err = Config::load(None, env(&[(name, value)])).unwrap_err();
-            assert!(err.to_string().contains(key), "{name}={value}: {err}");
-        }
-        let err = Config::load(None, env(&[("WHARF_QUEUE__CONCURRENCY", "many")])).unwrap_err();
-        assert!(err.to_string().contains("queue.concurrency"), "{err}");
-        let err = Config::load(None, env(&[("WHARF_QUEUE__DRAIN_TIMEOUT", "soon")])).unwrap_err();
-        assert!(err.to_string().contains("queue.drain_timeout"), "{err}");
-    }
-
-    #[test]
-    fn the_default_document_loads_back_to_the_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("default.toml");
-        std::fs::write(&path, Config::default_toml()).unwrap();
-        assert_eq!(
-            Config::load(Some(&path), env(&[])).unwrap(),
-            Config::default()
-        );
+    fn settings_refuse_unknown_keys_by_name() {
+        let err = serde_json::from_str::<Settings>(r#"{"http": {}}"#).unwrap_err();
+        assert!(err.to_string().contains("http"), "{err}");
     }
 }

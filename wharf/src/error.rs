@@ -1,7 +1,5 @@
 //! The library's one error type.
 
-use wharf_domain::lease::LeaseError;
-use wharf_domain::session::ManagedSessionError;
 use wharf_domain::{DeclarationError, ValidationError};
 use wharf_projections::ProjectionError;
 use wharf_queue::QueueError;
@@ -25,24 +23,9 @@ pub enum WharfError {
     /// The message log failed (publishing, claiming, settling or retention).
     #[error(transparent)]
     Queue(QueueError),
-    /// A managed-session ledger command was refused (unknown history, migration required...).
-    #[error(transparent)]
-    Session(#[from] ManagedSessionError),
     /// The configuration is unusable; names the key.
     #[error("configuration: {0}")]
     Config(String),
-    /// A lease command was refused (held by another, a stale release...); nothing landed.
-    #[error(transparent)]
-    Lease(#[from] LeaseError),
-    /// A ledger write on behalf of an exclusive session's lease owner was refused by the
-    /// fence, in the write's own transaction: the claim is stale, nothing landed.
-    #[error("session {session_id}: write refused by the lease fence: {reason}")]
-    Fenced {
-        /// The durable session identity.
-        session_id: String,
-        /// Why the claim does not hold, as the store's guard said.
-        reason: String,
-    },
 }
 
 impl From<QueueError> for WharfError {

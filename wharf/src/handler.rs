@@ -21,7 +21,6 @@
 //! # let _ = handler;
 //! ```
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 
@@ -29,6 +28,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use wharf_queue::Claimed;
+pub use wharf_queue::{HandlerError, HandlerResultExt};
 
 /// Processes one claimed message. `Ok` acknowledges it; `Err` gives it back for a retry.
 #[async_trait]
@@ -43,77 +43,6 @@ pub trait Handler: Send + Sync + 'static {
 impl<H: Handler + ?Sized> Handler for Arc<H> {
     async fn handle(&self, message: &Claimed) -> Result<(), HandlerError> {
         self.as_ref().handle(message).await
-    }
-}
-
-/// Why a handler gave a message back: a message stored with the message as its last error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandlerError {
-    message: String,
-}
-
-impl HandlerError {
-    /// An error with the given text.
-    pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-        }
-    }
-
-    /// An error describing `error` and its chain of sources (`outer: inner: root`).
-    pub fn from_error(error: impl StdError) -> Self {
-        let mut message = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        Self { message }
-    }
-
-    /// The text recorded with the message.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl fmt::Display for HandlerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl StdError for HandlerError {}
-
-impl From<String> for HandlerError {
-    fn from(message: String) -> Self {
-        Self::new(message)
-    }
-}
-
-impl From<&str> for HandlerError {
-    fn from(message: &str) -> Self {
-        Self::new(message)
-    }
-}
-
-impl From<Box<dyn StdError + Send + Sync>> for HandlerError {
-    fn from(error: Box<dyn StdError + Send + Sync>) -> Self {
-        Self::from_error(&*error)
-    }
-}
-
-/// Turns any `Result` with a standard error into a handler result, so `?` works inside a
-/// handler: `serde_json::from_slice(&message.payload).handler_err()?`.
-pub trait HandlerResultExt<T> {
-    /// Maps the error with [`HandlerError::from_error`].
-    fn handler_err(self) -> Result<T, HandlerError>;
-}
-
-impl<T, E: StdError> HandlerResultExt<T> for Result<T, E> {
-    fn handler_err(self) -> Result<T, HandlerError> {
-        self.map_err(HandlerError::from_error)
     }
 }
 
@@ -152,6 +81,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::error::Error as StdError;
+
     use super::*;
 
     #[derive(Debug)]

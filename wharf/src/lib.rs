@@ -4,9 +4,9 @@
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), wharf::WharfError> {
-//! use wharf::{Config, Registration, Wharf};
+//! use wharf::{Registration, Settings, Wharf};
 //!
-//! let wharf = Wharf::open(&Config::default()).await?; // ./wharf.db, migrated on open
+//! let wharf = Wharf::open(&Settings::default()).await?; // ./wharf.db, migrated on open
 //! let registration = Registration::new("billing", "orders", "2.4.1", &["orders/+/paid"])?;
 //! let consumer = wharf.consume(registration);
 //! // ... report `consumer.is_ready()` from your readiness probe ...
@@ -21,9 +21,9 @@
 //! # async fn example() -> Result<(), wharf::WharfError> {
 //! use wharf::handler::handler_fn;
 //! use wharf::queue::{Claimed, Headers};
-//! use wharf::{Config, Registration, Wharf};
+//! use wharf::{Registration, Settings, Wharf};
 //!
-//! let wharf = Wharf::open(&Config::default()).await?;
+//! let wharf = Wharf::open(&Settings::default()).await?;
 //! let registration = Registration::new("billing", "orders", "2.4.1", &["orders/+/paid"])?;
 //! let consumer = wharf.consume_with(
 //!     registration,
@@ -40,9 +40,14 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Architecture invariant: this crate is the composition root. It wires the store, the
-//! projections and the domain together and owns every clock and timer; the decision itself
-//! stays in `wharf-domain`.
+//! MQTT sessions live in `wharf-sessions`, the `wharf` binary (CLI, configuration file,
+//! supervisor, HTTP server) in `wharf-server`: an application that embeds this crate compiles
+//! neither.
+//!
+//! Architecture invariant: this crate wires the store, the projections, the queue and the
+//! domain together for an embedding application and owns the consumers' clocks and timers; the
+//! decisions themselves stay in `wharf-domain`. It knows nothing of MQTT, of configuration
+//! files or of the command line.
 
 mod acker;
 mod claim_keeper;
@@ -57,9 +62,7 @@ pub mod health;
 mod publish_listener;
 mod route_ahead;
 mod runtime;
-pub mod sessions;
 mod slots;
-pub mod supervisor;
 
 use std::sync::Arc;
 
@@ -68,7 +71,7 @@ use wharf_projections::ReadModel;
 use wharf_queue::{Headers, Queue, RetentionReport};
 use wharf_store::{PgSettings, PgStore, SqliteStore, Store, StoreLocation};
 
-pub use config::Config;
+pub use config::Settings;
 pub use consumer::{Consumer, ConsumerState};
 pub use declare::Registration;
 pub use error::WharfError;
@@ -107,7 +110,7 @@ impl Wharf {
     /// lock). With `auto_migrate` off nothing is created. A store migrated by a newer build is
     /// opened without migrating, for reads and consumers, unless that build recorded that
     /// older builds must not read it (ADR 0017).
-    pub async fn open(config: &Config) -> Result<Self, WharfError> {
+    pub async fn open(config: &Settings) -> Result<Self, WharfError> {
         let store = if config.store.auto_migrate {
             let store = open_store(&config.store).await?;
             if store.schema_version().await? > store.known_version() {
@@ -131,7 +134,7 @@ impl Wharf {
     }
 
     /// Wraps an already-open, migrated store.
-    pub fn with_store(store: Store, config: &Config) -> Self {
+    pub fn with_store(store: Store, config: &Settings) -> Self {
         let read = ReadModel::new(store.clone(), config.declarations.instance_ttl);
         let queue = Queue::new(store.clone(), config.queue.settings());
         Self {
@@ -192,52 +195,6 @@ impl Wharf {
     /// The read model: listing, audit, rebuild, prune.
     pub fn read_model(&self) -> &ReadModel {
         &self.read
-    }
-
-    /// The managed-filter ledger of MQTT sessions on this store.
-    pub fn session_ledger(&self) -> sessions::SessionLedger {
-        sessions::SessionLedger::new(self.store.clone())
-    }
-
-    /// Seeds a managed session's baseline (the embedded composition root's seeding; the CLI's
-    /// `wharf sessions seed` writes the same events): `filters` are the exact filters that
-    /// exist at the broker for `session_id`, possibly none. Idempotent: an established baseline
-    /// is kept and the listed filters are added to it. Seed empty only when the broker session
-    /// holds no filter: the ledger would otherwise never remove them.
-    pub async fn seed_session_baseline(
-        &self,
-        session_id: &str,
-        filters: &[&str],
-    ) -> Result<(), WharfError> {
-        let filters = filters
-            .iter()
-            .map(|f| domain::session::ExactFilter::parse_field("filters", f))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.session_ledger()
-            .seed(session_id, filters, "builder")
-            .await
-            .map(|_| ())
-    }
-
-    /// Starts every configured MQTT session (`config.mqtt.sessions`), appending what each
-    /// receives to this Wharf's message log and acking it to the broker after the commit.
-    pub fn start_sessions(
-        &self,
-        config: &Config,
-    ) -> Result<Vec<sessions::SessionRuntime>, WharfError> {
-        self.start_sessions_with(
-            config,
-            Arc::new(sessions::LogIngest::new(self.queue.clone())),
-        )
-    }
-
-    /// Starts every configured MQTT session with a handler of the application's own.
-    pub fn start_sessions_with(
-        &self,
-        config: &Config,
-        handler: Arc<dyn sessions::MqttHandler>,
-    ) -> Result<Vec<sessions::SessionRuntime>, WharfError> {
-        sessions::start_all(config, &self.session_ledger(), handler)
     }
 
     /// The message log with the configured claim settings: publish, fetch, ack, dead letters,

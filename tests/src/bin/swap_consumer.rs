@@ -16,7 +16,8 @@ use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use wharf::handler::{handler_fn, HandlerError};
 use wharf::queue::Claimed;
-use wharf::{Config, ConsumerState, Registration, Wharf};
+use wharf::{ConsumerState, Registration, Wharf};
+use wharf_server::Config;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -41,7 +42,7 @@ async fn main() -> anyhow::Result<()> {
         config.queue.poll_interval = Duration::from_millis(50);
     }
     let handle = Duration::from_millis(handle_ms.parse().context("HANDLE_MS")?);
-    let wharf = Wharf::open(&config).await?;
+    let wharf = Wharf::open(&config.settings()).await?;
     let registration = Registration::new(group, topic, "1", patterns)?;
     let out = out.clone();
     let consumer = wharf.consume_with(

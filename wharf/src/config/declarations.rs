@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::WharfError;
+
 /// How declarations retry and how liveness is judged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -29,6 +31,26 @@ pub struct DeclarationConfig {
 }
 
 impl DeclarationConfig {
+    /// Checks the intervals and that the TTL outlasts two heartbeats; the error names the keys
+    /// and their values.
+    pub fn validate(&self) -> Result<(), WharfError> {
+        if self.heartbeat_interval.is_zero() || self.retry_interval.is_zero() {
+            return Err(WharfError::Config(
+                "declarations.heartbeat_interval and declarations.retry_interval must be above 0"
+                    .into(),
+            ));
+        }
+        if self.instance_ttl <= self.heartbeat_interval * 2 {
+            return Err(WharfError::Config(format!(
+                "declarations.instance_ttl ({}) must exceed twice declarations.heartbeat_interval ({}), \
+                 or one late heartbeat would let a live incumbent be swapped out",
+                humantime::format_duration(self.instance_ttl),
+                humantime::format_duration(self.heartbeat_interval)
+            )));
+        }
+        Ok(())
+    }
+
     /// The deadline of every store call on a consumer's path (a declaration attempt, a
     /// heartbeat, the effective-install read, a leave, a fetch): a third of `instance_ttl`.
     ///

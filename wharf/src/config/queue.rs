@@ -80,7 +80,8 @@ impl QueueConfig {
         }
     }
 
-    pub(super) fn validate(&self) -> Result<(), WharfError> {
+    /// Checks every key of the section; the error names the key and the value.
+    pub fn validate(&self) -> Result<(), WharfError> {
         let zero_durations = [
             ("visibility_timeout", self.visibility_timeout),
             ("poll_interval", self.poll_interval),
