@@ -25,6 +25,8 @@
 //!
 //! let wharf = Wharf::open(&Settings::default()).await?;
 //! let registration = Registration::new("billing", "orders", "2.4.1", &["orders/+/paid"])?;
+//! // A group is routed what is published once it exists: declare it before publishing.
+//! wharf.register(&registration).await?;
 //! let consumer = wharf.consume_with(
 //!     registration,
 //!     handler_fn(|message: Claimed| async move {

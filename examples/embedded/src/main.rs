@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(url: &str) -> Result<usize, WharfError> {
+async fn run(url: &str) -> Result<usize, Failed> {
     let mut settings = Settings::default();
     settings.store.url = url.to_owned();
     settings.declarations.heartbeat_interval = Duration::from_millis(200);
@@ -47,7 +47,11 @@ async fn run(url: &str) -> Result<usize, WharfError> {
     settings.validate()?;
     let wharf = Wharf::open(&settings).await?;
 
-    let registration = Registration::new("billing", "orders", "1.0.0", &["orders/+/paid"])?;
+    // Declare first: a group is routed what is published once it exists.
+    let registration = Registration::new("billing", "orders", "1.0.0", &["orders/+/paid"])
+        .map_err(WharfError::from)?;
+    let outcome = wharf.register(&registration).await?;
+    println!("declared billing: {outcome:?}");
     let handled = Arc::new(AtomicUsize::new(0));
     let counter = handled.clone();
     let consumer = wharf.consume_with(
@@ -65,6 +69,15 @@ async fn run(url: &str) -> Result<usize, WharfError> {
         }),
     );
 
+    let mut state = consumer.watch();
+    let ready = tokio::time::timeout(Duration::from_secs(30), state.wait_for(|s| s.is_ready()));
+    if !matches!(ready.await, Ok(Ok(_))) {
+        consumer.shutdown().await;
+        return Err(Failed(
+            "the consumer did not become ready within 30 s".into(),
+        ));
+    }
+
     let batch = ORDERS
         .iter()
         .map(|subject| ((*subject).to_owned(), b"{}".to_vec(), Headers::new()))
@@ -77,5 +90,27 @@ async fn run(url: &str) -> Result<usize, WharfError> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     consumer.shutdown().await;
-    Ok(handled.load(Ordering::SeqCst))
+    let handled = handled.load(Ordering::SeqCst);
+    if handled < paid {
+        return Err(Failed(format!(
+            "handled {handled} of {paid} paid orders within 30 s"
+        )));
+    }
+    Ok(handled)
+}
+
+/// Why the example failed: Wharf's error, or what it did not see happen.
+#[derive(Debug)]
+struct Failed(String);
+
+impl From<WharfError> for Failed {
+    fn from(e: WharfError) -> Self {
+        Self(e.to_string())
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
