@@ -24,6 +24,18 @@ use crate::names::{AppVersion, DeclarerId, GroupName, TopicName};
 /// The aggregate type name under which declaration events are stored.
 pub const AGGREGATE_TYPE: &str = "consumer_group";
 
+/// The payload field that names an attempt's declarer, in every declaration event (the
+/// [`Attempt`] fields are flattened into each): the pruner compares it between events.
+pub const DECLARER_FIELD: &str = "declarer";
+
+/// Event type names, as stored.
+pub mod event_types {
+    /// [`super::DeclarationEvent::Installed`].
+    pub const INSTALLED: &str = "DeclarationInstalled";
+    /// [`super::DeclarationEvent::Waiting`].
+    pub const WAITING: &str = "DeclarationWaiting";
+}
+
 /// The fields every declaration attempt carries, installed or waiting. Each event is
 /// self-contained so that pruning older attempts never loses when a wait began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +98,8 @@ impl DeclarationEvent {
 impl DomainEvent for DeclarationEvent {
     fn event_type(&self) -> String {
         match self {
-            Self::Installed { .. } => "DeclarationInstalled".into(),
-            Self::Waiting { .. } => "DeclarationWaiting".into(),
+            Self::Installed { .. } => event_types::INSTALLED.into(),
+            Self::Waiting { .. } => event_types::WAITING.into(),
         }
     }
 
@@ -455,5 +467,44 @@ mod error_text_tests {
             requested: GroupName::parse("group", "other").unwrap(),
         };
         assert!(!err.to_string().contains("GroupName("), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod stored_form_tests {
+    use super::*;
+
+    #[test]
+    fn every_declaration_event_names_its_declarer_under_the_declarer_field() {
+        let names = |s: &str| BindingSet::parse(&[s]).unwrap();
+        let attempt = Attempt {
+            group: GroupName::parse("group", "g").unwrap(),
+            topic: TopicName::parse("topic", "t").unwrap(),
+            declarer: DeclarerId::parse("declarer", "host:1:a").unwrap(),
+            version: AppVersion::parse("version", "1").unwrap(),
+            patterns: names("a/#"),
+            declared_at: chrono::DateTime::UNIX_EPOCH,
+            attempt_at: chrono::DateTime::UNIX_EPOCH,
+        };
+        let events = [
+            DeclarationEvent::Installed {
+                attempt: attempt.clone(),
+                previous: None,
+            },
+            DeclarationEvent::Waiting {
+                attempt,
+                incumbent: names("b/#"),
+                live_declarers: vec![],
+            },
+        ];
+        for event in events {
+            let payload = serde_json::to_value(&event).unwrap();
+            assert_eq!(
+                payload[DECLARER_FIELD],
+                "host:1:a",
+                "{}",
+                event.event_type()
+            );
+        }
     }
 }
