@@ -5,7 +5,7 @@
 //! Prints each round and the figures as multiples of the lease TTL (goal: failover at most
 //! 1.5 x TTL + one reconcile). The killed process is restarted as the next round's standby.
 //!
-//! Run: `cargo bench -p wharf --bench failover` (WHARF_BENCH_ROUNDS, default 5;
+//! Run: `cargo bench -p wharf-server --bench failover` (WHARF_BENCH_ROUNDS, default 5;
 //! WHARF_BENCH_TTL_MS, default 3000, with the renew interval and deadline at 2/15 and 2/3 of it,
 //! as the 45 s defaults have them; WHARF_BENCH_N filters, default 100).
 
