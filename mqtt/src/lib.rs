@@ -14,6 +14,7 @@
 //!   generation) and decides what to re-subscribe.
 
 mod codec;
+mod connack;
 mod connect;
 mod connection;
 mod delivery;
@@ -25,7 +26,8 @@ mod session;
 mod shared;
 mod transport;
 
-pub use connect::{ConnAckInfo, Session};
+pub use connack::ConnAckInfo;
+pub use connect::Session;
 pub use delivery::{Deliveries, Delivery, DeliveryProperties, Generation};
 pub use error::{DisconnectCause, MqttError};
 pub use options::{ConnectOptions, Credentials};

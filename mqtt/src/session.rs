@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::timeout;
 
 use crate::codec::disconnect_bytes;
-use crate::connect::ConnAckInfo;
+use crate::connack::ConnAckInfo;
 use crate::delivery::{Delivery, Generation};
 use crate::error::{DisconnectCause, MqttError};
 use crate::reason::{
