@@ -9,10 +9,13 @@
 //!   per aggregate, with an optional guard checked in the same transaction (`executor`);
 //! - catch-up projectors advance a durable checkpoint in the same transaction as their writes,
 //!   and can never skip an event that committed late;
-//! - worker-instance heartbeats are state, judged fresh by the store's clock.
+//! - worker-instance heartbeats are state, judged fresh by the store's clock;
+//! - the deferred pruner deletes the events its caller's rules name as superseded ([`prune`]).
 //!
 //! Architecture invariant: this crate knows nothing of what events mean. It never parses a
-//! payload; the domain decides, the projections interpret.
+//! payload; the domain decides, the projections interpret. (The pruner's one look into a
+//! payload compares a top-level field its caller names between two events of a stream, ADR
+//! 0075.)
 
 pub mod deadline;
 pub mod error;
@@ -24,6 +27,7 @@ pub mod group_state;
 pub mod migrate;
 pub mod postgres;
 pub mod projector;
+pub mod prune;
 pub mod rebuild;
 pub mod session_lock;
 pub mod sqlite;
@@ -47,6 +51,7 @@ pub use group::{
 pub use group_state::{SavedGroupState, StreamHead};
 pub use postgres::{PgSettings, PgStore};
 pub use projector::{CteStatement, PgProjector, SqliteProjector};
+pub use prune::{PruneOptions, PruneReport, Superseded, SupersededBy};
 pub use rebuild::{Progress, RebuildMode, RebuildReport, TableDifference};
 pub use session_lock::{LeaseClaim, SessionLock};
 pub use sqlite::SqliteStore;
