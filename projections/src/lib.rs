@@ -10,7 +10,8 @@
 //!   per declarer, from which open waiters are listed.
 //! - Reads: [`ReadModel`] lists groups, their waiters and instances, and pages audit history.
 //! - Maintenance: rebuild (a replay, see `wharf_store::rebuild`), the group snapshots'
-//!   re-derivation and verification ([`snapshots`]), and the deferred [`prune`].
+//!   re-derivation and verification ([`snapshots`]), and the deferred [`prune`] (the store's
+//!   ledger maintenance, run with the rules that name what is superseded).
 //!
 //! Architecture invariant: projections only read events and write their own tables; nothing
 //! here decides anything or appends an event.
@@ -457,9 +458,9 @@ impl ReadModel {
         snapshots::verify(&self.store).await
     }
 
-    /// Runs the deferred pruner once. Refused on a store migrated by a newer build.
+    /// Runs the deferred pruner once: the store's ledger maintenance with [`prune::RULES`]
+    /// (ADR 0075). Refused on a store migrated by a newer build.
     pub async fn prune(&self, options: PruneOptions) -> Result<PruneReport, StoreError> {
-        self.store.ensure_not_newer("prune").await?;
         prune::prune(&self.store, options).await
     }
 }
