@@ -9,6 +9,7 @@
 //! given/when/then test harness only.
 
 pub mod binding_set;
+pub mod consumer;
 pub mod declaration;
 pub mod error;
 pub mod filter;
@@ -19,6 +20,7 @@ pub mod names;
 pub mod session;
 
 pub use binding_set::BindingSet;
+pub use consumer::{ConsumerLifecycle, ConsumerState, LifecycleTiming};
 pub use declaration::{
     decide, Attempt, ConsumerGroup, Decision, DeclarationError, DeclarationEvent, LiveInstance,
     OpenWait, OpenWaits, Register, RegisterOutcome,
