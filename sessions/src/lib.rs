@@ -78,11 +78,15 @@ mod ingest;
 mod renewal;
 mod run;
 mod runtime;
+mod settings;
+mod status;
 mod subscribe;
 
 pub use exclusive::{activation_bound, activation_phases};
 pub use ingest::{to_log_message, LogIngest, MqttHandler, MqttMessage};
-pub use runtime::{LeaseView, ReconcileOutcome, RuntimeSettings, SessionRuntime, SessionStatus};
+pub use runtime::SessionRuntime;
+pub use settings::RuntimeSettings;
+pub use status::{LeaseView, ReconcileOutcome, SessionStatus};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -28,7 +28,8 @@ use wharf_mqtt::{
 };
 
 use super::ingest::MqttHandler;
-use super::runtime::{level_reason, ReconcileOutcome, RuntimeSettings, SessionStatus};
+use super::settings::RuntimeSettings;
+use super::status::{level_reason, ReconcileOutcome, SessionStatus};
 use super::SessionLedger;
 use crate::config::ResolvedSession;
 
