@@ -8,8 +8,7 @@ use sqlx::Row;
 use wharf_store::event::from_micros;
 use wharf_store::{GroupFiguresRow, InstanceRecord, PgStore, StoreError};
 
-use crate::listing::{MemberKeys, PageRows};
-use crate::summary::Snapshot;
+use crate::listing::{MemberKeys, PageRows, Snapshot};
 use crate::views::{EffectiveRow, WaitingRow};
 use crate::CarriedFigures;
 

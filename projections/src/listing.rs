@@ -109,6 +109,14 @@ pub(crate) struct PageRows {
     pub instances: Vec<InstanceRecord>,
 }
 
+/// What one read answered: the rows, the store's clock, and whether the catch-up projector
+/// was behind the log when it was taken (then the rows may miss the caller's writes).
+pub(crate) struct Snapshot<T> {
+    pub rows: T,
+    pub now: chrono::DateTime<chrono::Utc>,
+    pub behind: bool,
+}
+
 /// The rows a member read starts after, as SQL-ready keys.
 #[derive(Clone)]
 pub(crate) struct MemberKeys {

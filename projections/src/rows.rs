@@ -17,8 +17,8 @@ use wharf_store::{InstanceRecord, PgStore, SqliteStore, StoreError};
 
 use sqlx::Row;
 
-use crate::listing::{MemberKeys, PageRows};
-use crate::summary::Snapshot;
+use crate::declaration::DeclarerAttempts;
+use crate::listing::{MemberKeys, PageRows, Snapshot};
 use crate::views::{EffectiveRow, WaitingRow};
 
 pub use crate::group_rows::{PG_GROUP_READ, PG_GROUP_READ_CALL, PG_GROUP_ROWS, PG_GROUP_ROWS_CALL};
@@ -229,6 +229,16 @@ pub(crate) async fn sqlite_page(
         .await
 }
 
+/// Whether the catch-up projector is behind the log, on a connection inside a read.
+pub(crate) fn sqlite_behind(conn: &Connection) -> Result<bool, StoreError> {
+    let (head, checkpoint) = conn
+        .prepare_cached(wharf_store::sqlite::CATCH_UP_CHECK)?
+        .query_row([DeclarerAttempts::NAME], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+        })?;
+    Ok(head > checkpoint)
+}
+
 /// One group (no rows when it was never declared) with a page of its members, in one read
 /// transaction that also answers the catch-up check; `now` is the store's clock.
 pub(crate) async fn sqlite_group_snapshot(
@@ -240,7 +250,7 @@ pub(crate) async fn sqlite_group_snapshot(
     store
         .read(move |conn| {
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred)?;
-            let behind = crate::summary::sqlite_behind(&tx)?;
+            let behind = sqlite_behind(&tx)?;
             let effective = tx
                 .prepare_cached(&one_sql('?'))?
                 .query_map([&group], sqlite_effective_row)?

@@ -14,20 +14,22 @@
 //! they are a group's fleet, not its history.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, TransactionBehavior};
 use serde::Serialize;
 use sqlx::Row;
 use wharf_store::{GroupFiguresRow, PgStore, SqliteStore, StoreError};
 
 use crate::declaration::DeclarerAttempts;
 use crate::rows::{
-    page_sql, sqlite_effective_row, sqlite_waiting_row, PageKeys, RawEffective, RawWaiter,
+    page_sql, sqlite_behind, sqlite_effective_row, sqlite_waiting_row, PageKeys, RawEffective,
+    RawWaiter,
 };
 use crate::views::{EffectiveView, WaiterView};
 use crate::walks::{oldest_waiter, page_sql_with, PageExtra};
 
-/// How far a summary counts a group's waiters and instances: beyond it, `more` is true.
-pub const COUNT_CAP: u32 = 100;
+// What one read answered (the crate root names it `summary::Snapshot`).
+pub(crate) use crate::listing::Snapshot;
+pub use crate::walks::COUNT_CAP;
 
 /// A bounded count of a group's members.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -78,14 +80,6 @@ pub struct SummaryPage {
     pub groups: Vec<GroupSummary>,
     /// Pass as `after` for the next page; `None` when no group follows this page.
     pub next_after: Option<String>,
-}
-
-/// What one read answered: the rows, the store's clock, and whether the catch-up projector
-/// was behind the log when it was taken (then the rows may miss the caller's writes).
-pub(crate) struct Snapshot<T> {
-    pub rows: T,
-    pub now: DateTime<Utc>,
-    pub behind: bool,
 }
 
 /// A page's row for one group, before the views are built.
@@ -369,16 +363,6 @@ pub(crate) async fn pg_summaries(
         now,
         behind: head > checkpoint,
     })
-}
-
-/// Whether the catch-up projector is behind the log, on a connection inside a read.
-pub(crate) fn sqlite_behind(conn: &Connection) -> Result<bool, StoreError> {
-    let (head, checkpoint) = conn
-        .prepare_cached(wharf_store::sqlite::CATCH_UP_CHECK)?
-        .query_row([DeclarerAttempts::NAME], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
-        })?;
-    Ok(head > checkpoint)
 }
 
 /// The summary page on SQLite, in one read transaction; `now` is the store's clock and

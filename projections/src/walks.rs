@@ -100,9 +100,12 @@ pub fn page_sql_with(p: char, topic: bool, waiting: bool, extra: &PageExtra<'_>)
     )
 }
 
+/// How far a summary counts a group's waiters and instances: beyond it, `more` is true.
+pub const COUNT_CAP: u32 = 100;
+
 /// How far a group's open waiters are counted: one past the listing's cap, so `more` can be
 /// told.
-pub(crate) const WAITER_FETCH: u32 = crate::summary::COUNT_CAP + 1;
+pub(crate) const WAITER_FETCH: u32 = COUNT_CAP + 1;
 
 /// The columns a Postgres page of waiting groups adds to each effective row: the group's open
 /// waiters counted up to [`WAITER_FETCH`] and the oldest one's row.
