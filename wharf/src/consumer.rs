@@ -20,16 +20,23 @@
 //! Once consuming it heartbeats, and checks after each heartbeat that the group's install is
 //! still the one it joined; if its heartbeat row is gone or the install moved on, it stops being
 //! ready and goes back to declaring. Liveness is bounded by `instance_ttl`: every store call on
-//! this path has a deadline of a third of the TTL (`DeclarationConfig::call_deadline`); a failed
-//! or late heartbeat makes the instance `Stalled` (not ready, no claims) at once, and once no
-//! heartbeat has been confirmed for the TTL (measured on the monotonic clock from the moment the
-//! last confirmed call was sent), the group may already count the instance as gone, so it
-//! re-declares (and may wait) before it claims again. A heartbeat confirmed again within the TTL
-//! resumes consuming under the same install.
+//! this path has a deadline of a third of the TTL (`DeclarationConfig::call_deadline`), never
+//! past the lapse; a failed or late heartbeat makes the instance `Stalled` (not ready, no
+//! claims) at once, and once no heartbeat has been confirmed for the TTL (measured on the
+//! monotonic clock from the moment the last confirmed call was sent), the group may already
+//! count the instance as gone, so it re-declares (and may wait) before it claims again. A
+//! heartbeat confirmed again within the TTL resumes consuming under the same install.
 //!
 //! On shutdown it stops claiming, drains its running handlers (heartbeating meanwhile, so its
 //! set stays in effect while they finish), and only then leaves, so a waiting new set does not
 //! have to wait for this instance's heartbeat to lapse.
+//!
+//! Every one of those decisions is made by `wharf_domain::consumer::ConsumerLifecycle`, a
+//! sans-IO machine given the time (ADR 0076). This module is its driver, and the only place
+//! the lifecycle reads a clock: it counts tokio's monotonic `Instant` as a `Duration` since the
+//! lifecycle started, makes the one store call each step asks for within the step's deadline,
+//! sleeps until the time a step names or a signal (stop, the claim loop's drain, a fenced
+//! fetch), publishes the states on the watch channel and logs the notes.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -41,64 +48,22 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info, warn, Instrument};
+use wharf_domain::consumer::{
+    AttemptFailure, CallFailure, ConsumerLifecycle, Effect, HeartbeatAnswer, Input, Install,
+    LifecycleTiming, Next, Note, Now, Step,
+};
 use wharf_domain::{BindingSet, DeclarerId, RegisterOutcome};
-use wharf_queue::{EffectiveInstall, Queue};
-use wharf_store::{finish_by, finish_within, Store};
+use wharf_queue::Queue;
+use wharf_store::{finish_by, Store};
 
 use crate::config::DeclarationConfig;
 use crate::declare::{Attempter, GroupStates, Registration};
 use crate::error::WharfError;
 use crate::runtime::{ConsumerStats, Counters, Runtime};
 
-/// Where a consumer is in its lifecycle.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ConsumerState {
-    /// The first attempt has not finished yet, or the instance is declaring again (its
-    /// heartbeat lapsed, or the group's install moved on).
-    Declaring,
-    /// A live incumbent declares a different set; this instance waits and does not consume.
-    Waiting {
-        /// The stored set being waited on.
-        incumbent: BindingSet,
-        /// The live instances that declare it.
-        live_declarers: Vec<DeclarerId>,
-        /// When this instance first stated its set.
-        declared_at: DateTime<Utc>,
-        /// Attempts made so far.
-        attempts: u64,
-    },
-    /// The declaration joined or installed; the instance heartbeats and may consume.
-    Consuming {
-        /// The set it consumes with.
-        bindings: BindingSet,
-        /// The install it joined (the ledger position of the group's `Installed` event): its
-        /// claims are fenced by it, and hand out nothing once the group's install moves on.
-        install: i64,
-        /// How many times this instance has joined or installed: 1 after its first
-        /// declaration, one more after each re-declaration (after a lapse or a fence).
-        joins: u64,
-    },
-    /// The store could not be reached to attempt or to heartbeat (an error, or no answer
-    /// within the call's deadline); not ready and not claiming until it can.
-    Stalled {
-        /// The last error.
-        reason: String,
-    },
-    /// The declaration was refused for good (e.g. the group consumes another topic).
-    Failed {
-        /// Why.
-        reason: String,
-    },
-    /// Shut down.
-    Stopped,
-}
-
-impl ConsumerState {
-    /// True only while consuming: what a readiness probe should report.
-    pub fn is_ready(&self) -> bool {
-        matches!(self, Self::Consuming { .. })
-    }
-}
+/// Where a consumer is in its lifecycle: the domain's type, which the lifecycle machine
+/// publishes and the claim loop reads.
+pub use wharf_domain::consumer::ConsumerState;
 
 /// A running consumer's handle.
 ///
@@ -203,9 +168,9 @@ pub(crate) fn start(lifecycle: Lifecycle, runtime: Option<Runtime>) -> Consumer 
 /// Runs the lifecycle (and the claim loop, if any) until stopped, then leaves.
 ///
 /// With a claim loop, a stop first ends claiming; the lifecycle keeps heartbeating until the
-/// loop has drained, so the instance leaves only once no handler of it runs any more. The claim
-/// loop reports a fenced fetch on `fenced` (the install it was fenced from); the lifecycle then
-/// re-declares.
+/// loop has drained (the halt), so the instance leaves only once no handler of it runs any
+/// more. The claim loop reports a fenced fetch on `fenced` (the install it was fenced from);
+/// the lifecycle then re-declares.
 async fn supervise(
     lifecycle: Lifecycle,
     runtime: Option<Runtime>,
@@ -228,99 +193,228 @@ async fn supervise(
             tokio::join!(lifecycle.run(&state, stop, halt, fenced), claims);
         }
     }
-    lifecycle.leave().await;
-    state.send_replace(ConsumerState::Stopped);
 }
 
-/// Why the consuming phase ended.
-enum Interrupt {
-    Stop,
-    Redeclare,
+/// The lifecycle's monotonic clock as the machine counts time: since the lifecycle started.
+#[derive(Clone, Copy)]
+struct Clock {
+    epoch: Instant,
 }
 
-/// A declaration in effect for this instance.
-struct Joined {
-    /// The install it joined: its fence.
-    install: i64,
-    /// When the call that last confirmed its heartbeat was sent. The row's heartbeat is no
-    /// older than this, so it cannot lapse (by the store's clock) before `confirmed + TTL`.
-    confirmed: Instant,
+impl Clock {
+    fn start() -> Self {
+        Self {
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now(self) -> Now {
+        Instant::now().saturating_duration_since(self.epoch)
+    }
+
+    fn at(self, time: Now) -> Instant {
+        self.epoch + time
+    }
 }
 
-/// Why a join did not put the instance in effect.
-enum NotJoined {
-    /// The store failed or did not answer in time.
-    Stalled(String),
-    /// The group's install is not (or no longer) this instance's set.
-    Moved(Option<EffectiveInstall>),
+/// The signals a wait listens for besides its time.
+struct Signals {
+    stop: watch::Receiver<bool>,
+    halt: watch::Receiver<bool>,
+    fenced: watch::Receiver<Option<i64>>,
+    /// False once the claim loop (or its absence) closed the fence channel.
+    fence_open: bool,
+}
+
+impl Signals {
+    /// A stop or halt given while a call was in flight, for the machine to know before the
+    /// call's answer (the lifecycle always looked at them before deciding what came next).
+    fn pending(&self, machine: &ConsumerLifecycle) -> Option<Input> {
+        if !machine.halted() && *self.halt.borrow() {
+            Some(Input::Halt)
+        } else if !machine.stop_requested() && *self.stop.borrow() {
+            Some(Input::Stop)
+        } else {
+            None
+        }
+    }
+
+    /// Waits until `until` (a tick), or for a signal the machine has not had yet. A closed
+    /// stop or halt channel counts as the signal (its sender is gone).
+    async fn wait(&mut self, machine: &ConsumerLifecycle, until: Option<Instant>) -> Input {
+        loop {
+            let tick = async {
+                match until {
+                    Some(until) => tokio::time::sleep_until(until).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = self.halt.wait_for(|halted| *halted), if !machine.halted() => {
+                    return Input::Halt;
+                }
+                _ = self.stop.wait_for(|stopped| *stopped), if !machine.stop_requested() => {
+                    return Input::Stop;
+                }
+                changed = self.fenced.changed(), if self.fence_open => {
+                    if changed.is_err() {
+                        self.fence_open = false;
+                    } else if let Some(install) = *self.fenced.borrow_and_update() {
+                        return Input::Fenced(install);
+                    }
+                }
+                () = tick => return Input::Tick,
+            }
+        }
+    }
 }
 
 impl Lifecycle {
-    /// Declares and heartbeats. `stop` ends declaring; `halt` ends heartbeating (the same
-    /// signal without a claim loop; with one, it comes once the loop has drained).
+    fn timing(&self) -> LifecycleTiming {
+        LifecycleTiming {
+            instance_ttl: self.settings.instance_ttl,
+            heartbeat_interval: self.settings.heartbeat_interval,
+            retry_interval: self.settings.retry_interval,
+            call_deadline: self.settings.call_deadline(),
+        }
+    }
+
+    /// Drives the lifecycle machine to its end: declares and heartbeats, then leaves and
+    /// reports `Stopped`. `stop` ends declaring; `halt` ends heartbeating (the same signal
+    /// without a claim loop; with one, it comes once the loop has drained).
     async fn run(
         &self,
         state: &watch::Sender<ConsumerState>,
-        mut stop: watch::Receiver<bool>,
-        mut halt: watch::Receiver<bool>,
-        mut fenced: watch::Receiver<Option<i64>>,
+        stop: watch::Receiver<bool>,
+        halt: watch::Receiver<bool>,
+        fenced: watch::Receiver<Option<i64>>,
     ) {
-        let mut first_declared_at = None;
-        let mut joins = 0u64;
+        let clock = Clock::start();
+        let mut signals = Signals {
+            stop,
+            halt,
+            fenced,
+            fence_open: true,
+        };
+        let mut machine = ConsumerLifecycle::new(self.registration.bindings.clone(), self.timing());
+        let mut step = machine.start(clock.now());
         loop {
-            let Some(joined) = self.declare(state, &mut stop, &mut first_declared_at).await else {
-                break;
-            };
-            joins += 1;
-            state.send_replace(self.consuming(joined.install, joins));
-            match self
-                .consume_phase(state, &mut halt, &mut fenced, joined, joins)
-                .await
-            {
-                Interrupt::Stop => break,
-                Interrupt::Redeclare => {
-                    first_declared_at = None;
-                    state.send_replace(ConsumerState::Declaring);
+            self.report(state, &step);
+            let answer = match step.next {
+                Next::Attempt {
+                    first_declared_at,
+                    deadline,
+                } => Input::Attempted(self.attempt(clock.at(deadline), first_declared_at).await),
+                Next::ReadInstall { deadline } => {
+                    Input::InstallRead(self.read_install(clock.at(deadline)).await)
                 }
+                Next::Heartbeat { deadline } => {
+                    Input::Heartbeat(self.heartbeat(clock.at(deadline)).await)
+                }
+                Next::Leave { deadline } => Input::Left(self.leave(clock.at(deadline)).await),
+                Next::Wait { until } => {
+                    let until = until.map(|until| clock.at(until));
+                    let signal = signals.wait(&machine, until).await;
+                    step = machine.step(clock.now(), signal);
+                    continue;
+                }
+                Next::Await => {
+                    // Only an input given while a call is in flight is answered so, and this
+                    // loop gives none: nothing is in flight, so only a stop can end this.
+                    error!("the consumer lifecycle awaits an answer no call will give");
+                    let signal = signals.wait(&machine, None).await;
+                    step = machine.step(clock.now(), signal);
+                    continue;
+                }
+                Next::End => return,
+            };
+            if let Some(signal) = signals.pending(&machine) {
+                // A call is in flight as far as the machine knows: this only records the signal.
+                let recorded = machine.step(clock.now(), signal);
+                self.report(state, &recorded);
+            }
+            step = machine.step(clock.now(), answer);
+        }
+    }
+
+    /// Publishes the step's states and logs its notes, in order.
+    fn report(&self, state: &watch::Sender<ConsumerState>, step: &Step) {
+        for effect in &step.effects {
+            match effect {
+                Effect::Publish(published) => {
+                    state.send_replace(published.clone());
+                }
+                Effect::Note(note) => self.log(note),
             }
         }
     }
 
-    fn consuming(&self, install: i64, joins: u64) -> ConsumerState {
-        ConsumerState::Consuming {
-            bindings: self.registration.bindings.clone(),
-            install,
-            joins,
-        }
-    }
-
-    /// Removes this instance's heartbeat row, so the group stops counting it as live.
-    async fn leave(&self) {
-        let (store, group) = (self.store.clone(), self.registration.group.clone());
-        let declarer = self.declarer.clone();
-        let deadline = Instant::now() + self.settings.call_deadline();
-        let left = bounded("leave", deadline, async move {
-            store.leave(group.as_str(), declarer.as_str()).await
-        });
-        match left.await {
-            Ok(_) => info!("left the group's live instances"),
-            Err(reason) => {
+    fn log(&self, note: &Note) {
+        match note {
+            Note::Waiting {
+                incumbent,
+                live_declarers,
+                declared_at,
+                attempts,
+            } => self.log_wait(incumbent, live_declarers, *declared_at, *attempts),
+            Note::InEffect { outcome, install } => info!(
+                ?outcome,
+                bindings = %self.registration.bindings,
+                install,
+                "declaration in effect; consuming"
+            ),
+            Note::NotOwnAfterJoin { current } => warn!(
+                current = ?current,
+                "the group's install is not this instance's set right after its join; \
+                 declaring again"
+            ),
+            Note::LearnStalled { reason } => {
+                error!(%reason, "could not learn the install just joined; retrying")
+            }
+            Note::Refused { reason } => {
+                error!(error = %reason, "declaration refused; this instance will not consume")
+            }
+            Note::AttemptFailed { reason } => error!(%reason, "retrying"),
+            Note::RowGone => warn!("this instance's heartbeat row is gone; re-declaring"),
+            Note::InstallMoved { joined, current } => warn!(
+                joined,
+                current = ?current,
+                "the group's install is no longer the one this instance joined; re-declaring"
+            ),
+            Note::Fenced { install } => warn!(
+                install,
+                "a fetch found the group's install moved on; re-declaring"
+            ),
+            Note::HeartbeatUnconfirmed { reason } => error!(
+                %reason,
+                "heartbeat not confirmed; not ready until one is (past the instance TTL \
+                 it re-declares first)"
+            ),
+            Note::Resumed => info!("heartbeat confirmed within the instance TTL; consuming again"),
+            Note::Lapsed => error!(
+                instance_ttl = %humantime::format_duration(self.settings.instance_ttl),
+                "no heartbeat confirmed within the instance TTL; re-declaring before claiming again"
+            ),
+            Note::Left => info!("left the group's live instances"),
+            Note::LeaveFailed { reason } => {
                 warn!(%reason, "could not remove the heartbeat row; it lapses after the TTL")
             }
         }
     }
 
-    /// One Register attempt (with a heartbeat), owning what it needs, so that a caller past
-    /// its deadline can let it run to its end (ADR 0068).
-    fn attempt(
+    /// One Register attempt (with a heartbeat), awaited until `deadline`. Past it the attempt
+    /// runs on to its end unobserved (ADR 0068).
+    async fn attempt(
         &self,
+        deadline: Instant,
         first_declared_at: Option<DateTime<Utc>>,
-    ) -> impl Future<Output = Result<RegisterOutcome, WharfError>> + Send + 'static {
+    ) -> Result<RegisterOutcome, AttemptFailure> {
         let (store, states) = (self.store.clone(), self.states.clone());
         let (declarer, registration) = (self.declarer.clone(), self.registration.clone());
         let (instance_ttl, snapshot_every) =
             (self.settings.instance_ttl, self.settings.snapshot_every);
-        async move {
+        let attempt = async move {
             let attempter = Attempter {
                 store: &store,
                 states: &states,
@@ -331,115 +425,50 @@ impl Lifecycle {
             attempter
                 .attempt(&registration, true, first_declared_at)
                 .await
+        };
+        match finish_by(deadline, attempt).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(WharfError::Declaration(refused))) => Err(AttemptFailure::Refused(refused)),
+            Ok(Err(e)) => Err(AttemptFailure::Call(CallFailure::Error(e.to_string()))),
+            Err(_) => Err(AttemptFailure::Call(CallFailure::NoAnswer)),
         }
     }
 
-    /// Attempts until joined or installed and the install learned (`Some`), or stopped
-    /// (`None`).
-    async fn declare(
-        &self,
-        state: &watch::Sender<ConsumerState>,
-        stop: &mut watch::Receiver<bool>,
-        first_declared_at: &mut Option<DateTime<Utc>>,
-    ) -> Option<Joined> {
-        let mut attempts = 0u64;
-        loop {
-            if *stop.borrow() {
-                return None;
-            }
-            attempts += 1;
-            let sent = Instant::now();
-            let outcome = finish_within(
-                self.settings.call_deadline(),
-                self.attempt(*first_declared_at),
-            )
-            .await;
-            match outcome {
-                Ok(Ok(RegisterOutcome::Waiting {
-                    incumbent,
-                    live_declarers,
-                    declared_at,
-                })) => {
-                    *first_declared_at = Some(declared_at);
-                    self.log_wait(&incumbent, &live_declarers, declared_at, attempts);
-                    state.send_replace(ConsumerState::Waiting {
-                        incumbent,
-                        live_declarers,
-                        declared_at,
-                        attempts,
-                    });
-                }
-                Ok(Ok(outcome)) => match self.learn_install(sent).await {
-                    Ok(joined) => {
-                        info!(
-                            ?outcome,
-                            bindings = %self.registration.bindings,
-                            install = joined.install,
-                            "declaration in effect; consuming"
-                        );
-                        return Some(joined);
-                    }
-                    Err(NotJoined::Moved(current)) => warn!(
-                        current = ?current,
-                        "the group's install is not this instance's set right after its join; \
-                         declaring again"
-                    ),
-                    Err(NotJoined::Stalled(reason)) => {
-                        error!(%reason, "could not learn the install just joined; retrying");
-                        state.send_replace(ConsumerState::Stalled { reason });
-                    }
-                },
-                Ok(Err(WharfError::Declaration(refused))) => {
-                    error!(error = %refused, "declaration refused; this instance will not consume");
-                    state.send_replace(ConsumerState::Failed {
-                        reason: refused.to_string(),
-                    });
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                    return None;
-                }
-                Ok(Err(e)) => {
-                    let reason = format!("declaration attempt failed: {e}");
-                    error!(%reason, "retrying");
-                    state.send_replace(ConsumerState::Stalled { reason });
-                }
-                Err(_) => {
-                    let reason = no_answer("declaration attempt");
-                    error!(%reason, "retrying");
-                    state.send_replace(ConsumerState::Stalled { reason });
-                }
-            }
-            if sleep_or_stop(self.settings.retry_interval, stop).await {
-                return None;
-            }
-        }
-    }
-
-    /// After a join or install sent at `sent`: reads the group's install in effect; if its set
-    /// is this instance's own, that install is the instance's fence.
-    async fn learn_install(&self, sent: Instant) -> Result<Joined, NotJoined> {
-        let lapse = sent + self.settings.instance_ttl;
-        let deadline = (Instant::now() + self.settings.call_deadline()).min(lapse);
+    /// Reads the group's install in effect.
+    async fn read_install(&self, deadline: Instant) -> Result<Option<Install>, CallFailure> {
         let (queue, group) = (self.queue.clone(), self.registration.group.clone());
-        let current = bounded("reading the group's install", deadline, async move {
-            queue.effective_install(&group).await
+        let current = bounded(
+            deadline,
+            async move { queue.effective_install(&group).await },
+        );
+        Ok(current.await?.map(|install| Install {
+            position: install.position,
+            patterns: install.patterns,
+        }))
+    }
+
+    /// Records this instance's heartbeat, if its row is still there.
+    async fn heartbeat(&self, deadline: Instant) -> Result<HeartbeatAnswer, CallFailure> {
+        let (store, group) = (self.store.clone(), self.registration.group.clone());
+        let declarer = self.declarer.clone();
+        let beat = bounded(deadline, async move {
+            store.heartbeat(group.as_str(), declarer.as_str()).await
+        });
+        Ok(match beat.await? {
+            true => HeartbeatAnswer::Recorded,
+            false => HeartbeatAnswer::RowGone,
+        })
+    }
+
+    /// Removes this instance's heartbeat row, so the group stops counting it as live.
+    async fn leave(&self, deadline: Instant) -> Result<(), CallFailure> {
+        let (store, group) = (self.store.clone(), self.registration.group.clone());
+        let declarer = self.declarer.clone();
+        bounded(deadline, async move {
+            store.leave(group.as_str(), declarer.as_str()).await
         })
         .await
-        .map_err(NotJoined::Stalled)?;
-        match current {
-            Some(install) if self.is_own(&install) && Instant::now() < lapse => Ok(Joined {
-                install: install.position,
-                confirmed: sent,
-            }),
-            Some(install) if self.is_own(&install) => Err(NotJoined::Stalled(
-                "the join was confirmed only after the instance TTL; declaring again".into(),
-            )),
-            other => Err(NotJoined::Moved(other)),
-        }
-    }
-
-    /// True when `install`'s set is this instance's (both normalized and sorted).
-    fn is_own(&self, install: &EffectiveInstall) -> bool {
-        sorted(install.patterns.clone()) == sorted(self.registration.bindings.patterns())
+        .map(drop)
     }
 
     fn log_wait(
@@ -449,6 +478,7 @@ impl Lifecycle {
         declared_at: DateTime<Utc>,
         attempts: u64,
     ) {
+        // The wall clock, for the log line only: how long this instance has waited.
         let waited = (Utc::now() - declared_at).to_std().unwrap_or_default();
         let declarers: Vec<&str> = live_declarers.iter().map(DeclarerId::as_str).collect();
         warn!(
@@ -461,146 +491,21 @@ impl Lifecycle {
              not consume or report ready until they are gone (no timeout)"
         );
     }
-
-    /// Heartbeats until stopped, or until the declaration is no longer this instance's: its row
-    /// is gone, the group's install moved on (seen here or by a fenced fetch), or no heartbeat
-    /// was confirmed for the instance TTL.
-    async fn consume_phase(
-        &self,
-        state: &watch::Sender<ConsumerState>,
-        halt: &mut watch::Receiver<bool>,
-        fenced: &mut watch::Receiver<Option<i64>>,
-        mut joined: Joined,
-        joins: u64,
-    ) -> Interrupt {
-        let group = &self.registration.group;
-        let call = self.settings.call_deadline();
-        let mut fence_open = true;
-        loop {
-            let lapse = joined.confirmed + self.settings.instance_ttl;
-            let next_beat = Instant::now() + self.settings.heartbeat_interval;
-            loop {
-                tokio::select! {
-                    biased;
-                    _ = halt.wait_for(|halted| *halted) => return Interrupt::Stop,
-                    () = tokio::time::sleep_until(lapse) => return self.lapsed(),
-                    changed = fenced.changed(), if fence_open => {
-                        if changed.is_err() {
-                            fence_open = false;
-                        } else if *fenced.borrow_and_update() == Some(joined.install) {
-                            warn!(
-                                install = joined.install,
-                                "a fetch found the group's install moved on; re-declaring"
-                            );
-                            return Interrupt::Redeclare;
-                        }
-                    }
-                    () = tokio::time::sleep_until(next_beat) => break,
-                }
-            }
-            let sent = Instant::now();
-            let deadline = (sent + call).min(lapse);
-            let (store, declarer, beating) =
-                (self.store.clone(), self.declarer.clone(), group.clone());
-            let beat = bounded("heartbeat", deadline, async move {
-                store.heartbeat(beating.as_str(), declarer.as_str()).await
-            })
-            .await;
-            let checked = match beat {
-                Ok(true) => {
-                    let deadline = (Instant::now() + call).min(lapse);
-                    let (queue, group) = (self.queue.clone(), group.clone());
-                    let read = async move { queue.effective_install(&group).await };
-                    bounded("reading the group's install", deadline, read)
-                        .await
-                        .map(Some)
-                }
-                Ok(false) => Ok(None),
-                Err(reason) => Err(reason),
-            };
-            match checked {
-                Ok(None) => {
-                    warn!("this instance's heartbeat row is gone; re-declaring");
-                    return Interrupt::Redeclare;
-                }
-                Ok(Some(Some(current)))
-                    if current.position == joined.install && self.is_own(&current) =>
-                {
-                    if Instant::now() >= lapse {
-                        return self.lapsed();
-                    }
-                    joined.confirmed = sent;
-                    if !state.borrow().is_ready() {
-                        info!("heartbeat confirmed within the instance TTL; consuming again");
-                        state.send_replace(self.consuming(joined.install, joins));
-                    }
-                }
-                Ok(Some(current)) => {
-                    warn!(
-                        joined = joined.install,
-                        current = ?current,
-                        "the group's install is no longer the one this instance joined; re-declaring"
-                    );
-                    return Interrupt::Redeclare;
-                }
-                Err(reason) => {
-                    error!(
-                        %reason,
-                        "heartbeat not confirmed; not ready until one is (past the instance TTL \
-                         it re-declares first)"
-                    );
-                    state.send_replace(ConsumerState::Stalled { reason });
-                }
-            }
-        }
-    }
-
-    /// No heartbeat confirmed for the instance TTL: the group may already count this instance
-    /// as gone and have swapped its set, so it declares again before it claims again.
-    fn lapsed(&self) -> Interrupt {
-        error!(
-            instance_ttl = %humantime::format_duration(self.settings.instance_ttl),
-            "no heartbeat confirmed within the instance TTL; re-declaring before claiming again"
-        );
-        Interrupt::Redeclare
-    }
 }
 
-/// Runs one store call with a deadline; the error says what failed or that it timed out.
-/// Past the deadline the call goes on to its end unobserved, never dropped mid-statement
-/// (ADR 0068).
+/// Runs one store call with a deadline. Past the deadline the call goes on to its end
+/// unobserved, never dropped mid-statement (ADR 0068).
 async fn bounded<T, E>(
-    what: &str,
     deadline: Instant,
     call: impl Future<Output = Result<T, E>> + Send + 'static,
-) -> Result<T, String>
+) -> Result<T, CallFailure>
 where
     T: Send + 'static,
     E: Display + Send + 'static,
 {
     match finish_by(deadline, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(format!("{what} failed: {e}")),
-        Err(_) => Err(no_answer(what)),
-    }
-}
-
-fn no_answer(what: &str) -> String {
-    format!("{what}: no answer from the store within its deadline")
-}
-
-fn sorted(mut patterns: Vec<String>) -> Vec<String> {
-    patterns.sort();
-    patterns
-}
-
-/// Sleeps for `period`; returns true if asked to stop meanwhile.
-async fn sleep_or_stop(period: Duration, stop: &mut watch::Receiver<bool>) -> bool {
-    if *stop.borrow() {
-        return true;
-    }
-    tokio::select! {
-        _ = tokio::time::sleep(period) => false,
-        _ = stop.wait_for(|stopped| *stopped) => true,
+        Ok(Err(e)) => Err(CallFailure::Error(e.to_string())),
+        Err(_) => Err(CallFailure::NoAnswer),
     }
 }

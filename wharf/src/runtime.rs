@@ -6,7 +6,9 @@
 //! the install the lifecycle joined (`Queue::fetch_fenced` with `Consuming { install }`): once
 //! the group's install has moved on the fetch claims nothing and fails with
 //! `QueueError::Fenced`; the loop then claims nothing more under that install and tells the
-//! lifecycle, which re-declares (and waits, if it must). A fetch has a deadline of
+//! lifecycle, which re-declares (and waits, if it must). The state it watches is the
+//! domain's `ConsumerState`, the lifecycle machine's (ADR 0076): this module imports nothing of
+//! `consumer`, which starts it. A fetch has a deadline of
 //! `DeclarationConfig::call_deadline` (a third of the instance TTL); what a fetch abandoned at
 //! its deadline may have claimed is redelivered after the visibility timeout. Each fetch asks for as many messages as there are free handler
 //! slots (at most `queue.claim_batch`, with `queue.concurrency` slots in all; it lingers up to
@@ -48,7 +50,7 @@ use futures::FutureExt;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinError, JoinSet};
 use tracing::{debug, error, info, warn, Instrument};
-use wharf_domain::{GroupName, TopicName};
+use wharf_domain::{ConsumerState, GroupName, TopicName};
 use wharf_metrics::prometheus::IntCounter;
 use wharf_metrics::StoreOperation;
 use wharf_queue::{
@@ -59,7 +61,6 @@ use wharf_store::Store;
 use crate::acker::{self, AckBatch, Acker, PendingAcks};
 use crate::claim_keeper::{keep_claim, KeepPolicy};
 use crate::config::QueueConfig;
-use crate::consumer::ConsumerState;
 use crate::fetch_retry::FetchRetry;
 use crate::handler::Handler;
 use crate::publish_listener::PublishListener;
