@@ -29,6 +29,7 @@ use std::time::Duration;
 use wharf_domain::{GroupName, TopicName, ValidationError};
 use wharf_store::{Finishing, Store};
 
+use message::ClaimStep;
 use postgres::OnLocked;
 
 pub use error::QueueError;
@@ -103,17 +104,6 @@ const MAX_EXTENSION: Duration = Duration::from_secs(24 * 3600);
 
 /// How many times one `claim` call claims again after burying exhausted messages.
 const MAX_CLAIM_ROUNDS: usize = 4;
-
-/// What the claim statements of one claim call did (both backends).
-#[derive(Debug, Default)]
-pub(crate) struct ClaimStep {
-    /// What they handed out, in position order.
-    pub claimed: Vec<Claimed>,
-    /// Exhausted messages they moved to the dead letters instead.
-    pub buried: usize,
-    /// The `(position, token)` acks the first one settled.
-    pub acked: std::collections::HashSet<(i64, i64)>,
-}
 
 impl Queue {
     /// A queue over `store` with `settings`.

@@ -412,6 +412,17 @@ pub struct RetentionReport {
     pub set_aside_dropped: u64,
 }
 
+/// What the claim statements of one claim call did (both backends).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimStep {
+    /// What they handed out, in position order.
+    pub claimed: Vec<Claimed>,
+    /// Exhausted messages they moved to the dead letters instead.
+    pub buried: usize,
+    /// The `(position, token)` acks the first one settled.
+    pub acked: std::collections::HashSet<(i64, i64)>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,8 +16,9 @@ use wharf_store::{Finishing, PgStore};
 use super::headers_json;
 use crate::error::QueueError;
 use crate::held::HeldConnection;
-use crate::message::{AckOutcome, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
-use crate::ClaimStep;
+use crate::message::{
+    AckOutcome, ClaimStep, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings,
+};
 
 /// A claimed row: position, attempts, routed_by, topic, subject, payload, headers (JSON text),
 /// published_at.

@@ -7,16 +7,14 @@ use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::GroupName;
-use wharf_store::event::from_micros;
 use wharf_store::SqliteStore;
 
 use super::claim::{bury, micros, AckSettler};
-use super::headers_from;
-use super::route::{route_into_claim, ClaimAs, RoutedClaim};
+use super::claimed::{MessageRow, RoutedClaim};
+use super::route::{route_into_claim, ClaimAs};
 use crate::error::QueueError;
 use crate::matchers::Matchers;
-use crate::message::{Claimed, QueueSettings};
-use crate::ClaimStep;
+use crate::message::{ClaimStep, Claimed, QueueSettings};
 
 /// One claim call: who claims what, and the acks it settles first.
 pub(crate) struct ClaimRequest {
@@ -193,43 +191,6 @@ fn claim_routed(
         .collect::<Result<Vec<RoutedClaim>, _>>()?;
     picked.sort_by_key(|row| row.1);
     Ok(picked)
-}
-
-/// A message's columns as the log holds them.
-pub(super) struct MessageRow {
-    pub subject: String,
-    pub payload: Vec<u8>,
-    pub headers: String,
-    pub published_at: i64,
-}
-
-impl MessageRow {
-    /// From a row of `subject, payload, headers, published_at`.
-    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            subject: row.get(0)?,
-            payload: row.get(1)?,
-            headers: row.get(2)?,
-            published_at: row.get(3)?,
-        })
-    }
-
-    /// The claim of this message that `delivery` hands out under `token`.
-    fn claimed(self, group: &GroupName, token: i64, delivery: RoutedClaim) -> Claimed {
-        let (topic, position, attempts, routed_by) = delivery;
-        Claimed {
-            group: group.to_string(),
-            topic,
-            position,
-            subject: self.subject,
-            payload: self.payload,
-            headers: headers_from(&self.headers),
-            published_at: from_micros(self.published_at),
-            attempts,
-            routed_by,
-            claim_token: token,
-        }
-    }
 }
 
 /// A reader-side look before taking the single writer: an idle consumer's poll then costs no

@@ -3,6 +3,7 @@
 //! claims cannot race; times are microseconds since the epoch by the store's clock.
 
 mod claim;
+mod claimed;
 mod fetch;
 mod log;
 mod route;

@@ -8,7 +8,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::{BindingMatcher, GroupName};
 use wharf_store::SqliteStore;
 
-use super::fetch::MessageRow;
+use super::claimed::{MessageRow, RoutedClaim};
 use crate::error::QueueError;
 use crate::generations::{
     forward_matches, rescan_matches, rescan_start, restorable, split_pending, Generation, History,
@@ -412,10 +412,6 @@ pub(super) struct ClaimAs<'a> {
     /// The install the claiming instance holds, when its fetch is fenced.
     pub fence: Option<i64>,
 }
-
-/// A delivery routed and claimed in one write: `(topic, position, attempts, routed_by)`, the
-/// claim statement's row shape.
-pub(super) type RoutedClaim = (String, i64, i32, i64);
 
 /// Routes forward inside a claim's write transaction and hands the first `claim.wanted`
 /// matches to the claiming instance as they are inserted, with their messages as the scan read
