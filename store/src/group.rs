@@ -8,6 +8,8 @@
 //! serialize on the group row lock. The group- and queue-specific SQL of that transaction lives
 //! here, not in the executor.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use rusqlite::{params, OptionalExtension};
 use sqlx::PgConnection;
@@ -15,11 +17,69 @@ use sqlx::PgConnection;
 use crate::error::StoreError;
 use crate::event::Heartbeat;
 use crate::executor::{Decision, LockedAggregate, PgLock, Snapshot, Write};
-use crate::group_state::{pg_save, sqlite_save_in_tx, SavedGroupState};
 use crate::projector::CteStatement;
 
 /// The aggregate type the group executor loads and appends to.
 pub const GROUP_AGGREGATE: &str = "consumer_group";
+
+/// One group's saved state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedGroupState {
+    /// The group (its stream's aggregate id).
+    pub group: String,
+    /// The stream sequence the state folds up to.
+    pub sequence: i64,
+    /// How `state` is written (the writer's format number).
+    pub format: i32,
+    /// The state, opaque to the store.
+    pub state: String,
+    /// Read back only (ignored when writing): the stream's event at `sequence` is not the one
+    /// the state was saved at (its position differs: the events were restored or replaced
+    /// since), so the state must not be used.
+    pub stream_rewritten: bool,
+}
+
+/// The upsert of a saved state, on both backends (SQLite reads `$n` as the n-th parameter too).
+/// The row records the position of the stream's event at its sequence, read in the writer's
+/// transaction (the attempt's own event is already inserted there).
+static UPSERT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
+         VALUES ($1, $2, $3, $4, (SELECT position FROM events \
+           WHERE aggregate_type = '{GROUP_AGGREGATE}' AND aggregate_id = $1 AND sequence = $2)) \
+         ON CONFLICT (group_name) DO UPDATE SET sequence = excluded.sequence, \
+           format = excluded.format, state = excluded.state, position = excluded.position"
+    )
+});
+
+/// SQLite: writes `saved` in the caller's transaction, replacing the group's row.
+pub(crate) fn sqlite_save_in_tx(
+    tx: &rusqlite::Transaction<'_>,
+    saved: &SavedGroupState,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(&UPSERT)?.execute(params![
+        saved.group,
+        saved.sequence,
+        saved.format,
+        saved.state
+    ])?;
+    Ok(())
+}
+
+/// Postgres: writes `saved` on the caller's connection (inside its transaction).
+pub(crate) async fn pg_save(
+    conn: &mut PgConnection,
+    saved: &SavedGroupState,
+) -> Result<(), StoreError> {
+    sqlx::query(&UPSERT)
+        .bind(&saved.group)
+        .bind(saved.sequence)
+        .bind(saved.format)
+        .bind(&saved.state)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
 
 /// Which group to lock, and how fresh a heartbeat must be to count as live.
 #[derive(Debug, Clone)]

@@ -1,36 +1,21 @@
 //! Saved group states: the `group_snapshot` table (ADR 0034).
 //!
 //! Each row is one consumer group's folded state as of a sequence of its stream, written by the
-//! register path inside the group's locked transaction (through [`crate::group::GroupExtra`])
-//! or re-derived by a rebuild. The store keeps the state as opaque text with the format number
+//! register path inside the group's locked transaction (through [`crate::group::GroupExtra`];
+//! the row's type and its upsert are that transaction's, in `group.rs`) or re-derived by a
+//! rebuild (here, with the reads). The store keeps the state as opaque text with the format number
 //! the writer gave it; it never parses it (what a state means is the domain's, how it is checked
 //! is the projections'). Derived data: deleting every row loses nothing but speed.
 
 use std::sync::LazyLock;
 
 use rusqlite::{params, OptionalExtension};
-use sqlx::{PgConnection, Row};
+use sqlx::Row;
 
 use crate::error::StoreError;
-use crate::group::GROUP_AGGREGATE;
+pub use crate::group::SavedGroupState;
+use crate::group::{pg_save, sqlite_save_in_tx, GROUP_AGGREGATE};
 use crate::{PgStore, SqliteStore, Store};
-
-/// One group's saved state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SavedGroupState {
-    /// The group (its stream's aggregate id).
-    pub group: String,
-    /// The stream sequence the state folds up to.
-    pub sequence: i64,
-    /// How `state` is written (the writer's format number).
-    pub format: i32,
-    /// The state, opaque to the store.
-    pub state: String,
-    /// Read back only (ignored when writing): the stream's event at `sequence` is not the one
-    /// the state was saved at (its position differs: the events were restored or replaced
-    /// since), so the state must not be used.
-    pub stream_rewritten: bool,
-}
 
 /// A stream's newest sequence, as listed for a rebuild or a verify.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,19 +25,6 @@ pub struct StreamHead {
     /// Its newest sequence.
     pub head: i64,
 }
-
-/// The upsert of a saved state, on both backends (SQLite reads `$n` as the n-th parameter too).
-/// The row records the position of the stream's event at its sequence, read in the writer's
-/// transaction (the attempt's own event is already inserted there).
-static UPSERT: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO group_snapshot (group_name, sequence, format, state, position) \
-         VALUES ($1, $2, $3, $4, (SELECT position FROM events \
-           WHERE aggregate_type = '{GROUP_AGGREGATE}' AND aggregate_id = $1 AND sequence = $2)) \
-         ON CONFLICT (group_name) DO UPDATE SET sequence = excluded.sequence, \
-           format = excluded.format, state = excluded.state, position = excluded.position"
-    )
-});
 
 /// A read of saved states with `filter` (its parameters from `$1`), on both backends: the row,
 /// and whether the event at its sequence has moved.
@@ -72,35 +44,6 @@ static READ_ONE: LazyLock<String> = LazyLock::new(|| read_statement("WHERE s.gro
 /// A page of saved states in name order: `$1` the name to start after, `$2` the page size.
 static READ_PAGE: LazyLock<String> =
     LazyLock::new(|| read_statement("WHERE s.group_name > $1 ORDER BY s.group_name LIMIT $2"));
-
-/// SQLite: writes `saved` in the caller's transaction, replacing the group's row.
-pub(crate) fn sqlite_save_in_tx(
-    tx: &rusqlite::Transaction<'_>,
-    saved: &SavedGroupState,
-) -> Result<(), StoreError> {
-    tx.prepare_cached(&UPSERT)?.execute(params![
-        saved.group,
-        saved.sequence,
-        saved.format,
-        saved.state
-    ])?;
-    Ok(())
-}
-
-/// Postgres: writes `saved` on the caller's connection (inside its transaction).
-pub(crate) async fn pg_save(
-    conn: &mut PgConnection,
-    saved: &SavedGroupState,
-) -> Result<(), StoreError> {
-    sqlx::query(&UPSERT)
-        .bind(&saved.group)
-        .bind(saved.sequence)
-        .bind(saved.format)
-        .bind(&saved.state)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
 
 fn sqlite_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SavedGroupState> {
     Ok(SavedGroupState {
