@@ -14,143 +14,25 @@
 //! degraded but serving (a configuration not converged, a refused reload, a session below
 //! `full` that is not an exclusive standby, a stalled consumer) is `warn` with HTTP 200. `/healthz` reads none of this.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
+use utoipa::ToSchema;
 use wharf_store::finish_within;
 
+use crate::schemas::health_status;
 use crate::state::{ApiState, HealthStatus};
 
-/// An exclusive session's HA lease as this process sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(as = Lease)]
-pub struct LeaseReport {
-    /// True while this process holds it.
-    pub held: bool,
-    /// The holder last seen.
-    #[schema(required = true)]
-    pub holder: Option<String>,
-    /// Its fencing token.
-    #[schema(required = true)]
-    pub token: Option<u64>,
-    /// When it lapses unless renewed (the store's clock).
-    #[schema(required = true)]
-    pub expires_at: Option<DateTime<Utc>>,
-}
+mod report;
 
-/// One session in deep health.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct DeepSession {
-    /// The configured name.
-    pub name: String,
-    /// The durable identity.
-    pub session_id: String,
-    /// `starting`, `connected`, `subscribed`, `full` or `migration_required`.
-    #[schema(value_type = String, schema_with = crate::openapi::session_level)]
-    pub level: String,
-    /// Why it is below `full`.
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    /// The newest connection's generation.
-    #[schema(required = true)]
-    pub generation: Option<u64>,
-    /// The HA lease (exclusive sessions only).
-    #[schema(required = true)]
-    pub lease: Option<LeaseReport>,
-}
-
-/// The newest reload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct ReloadSummary {
-    /// `applied`, `unchanged`, `refused` or `failed`.
-    #[schema(value_type = String, schema_with = crate::openapi::reload_outcome)]
-    pub outcome: String,
-    /// The generation in effect after it.
-    pub generation: u64,
-    /// What asked for it.
-    pub trigger: String,
-    /// Why it was refused or failed.
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    /// When it finished.
-    pub at: DateTime<Utc>,
-}
-
-/// Applied versus converged: a reload is applied once the new runtimes started; converged once
-/// every session reached subscribed. Degraded past the activation budget unconverged.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(as = ConfigWatch)]
-pub struct ConfigWatchReport {
-    /// The generation in effect.
-    #[schema(minimum = 1)]
-    pub applied_generation: u64,
-    /// The newest generation whose sessions all reached `subscribed` (0: none yet).
-    pub converged_generation: u64,
-    /// True past the activation budget unconverged.
-    pub degraded: bool,
-    /// Why.
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    /// `direct` or `debounced`.
-    #[schema(value_type = String, schema_with = crate::openapi::reload_strategy)]
-    pub strategy: String,
-    /// The newest reload since start.
-    #[schema(required = true)]
-    pub last_reload: Option<ReloadSummary>,
-}
-
-/// One consumer of this process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[schema(as = ConsumerHealth)]
-pub struct ConsumerReport {
-    /// Its group.
-    pub group: String,
-    /// Its instance identity.
-    pub declarer: String,
-    /// `declaring`, `waiting`, `consuming`, `stalled`, `failed` or `stopped`.
-    #[schema(value_type = String, schema_with = crate::openapi::consumer_state)]
-    pub state: String,
-    /// Why it is stalled or failed.
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    /// When its heartbeat was last confirmed, if known.
-    #[schema(required = true)]
-    pub last_heartbeat: Option<DateTime<Utc>>,
-}
-
-/// What the composition root reports, read at each request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct DeepReport {
-    /// The sessions, in configuration order.
-    pub sessions: Vec<DeepSession>,
-    /// The supervisor's state (absent without one).
-    pub config_watch: Option<ConfigWatchReport>,
-    /// This process's consumers.
-    pub consumers: Vec<ConsumerReport>,
-}
-
-/// Supplies [`DeepReport`]s.
-pub trait DeepHealthSource: Send + Sync + 'static {
-    /// The report now.
-    fn report(&self) -> DeepReport;
-}
-
-impl<F> DeepHealthSource for F
-where
-    F: Fn() -> DeepReport + Send + Sync + 'static,
-{
-    fn report(&self) -> DeepReport {
-        self()
-    }
-}
-
-/// A shared source.
-pub type SharedDeepHealthSource = Arc<dyn DeepHealthSource>;
+pub use report::{
+    ConfigWatchReport, ConsumerReport, DeepHealthSource, DeepReport, DeepSession, LeaseReport,
+    ReloadSummary, SharedDeepHealthSource,
+};
 
 struct Check {
     key: &'static str,
@@ -277,6 +159,64 @@ pub fn render(report: &DeepReport, store: &Result<(), String>) -> (StatusCode, V
     (code, body)
 }
 
+// The deep health answer is assembled as JSON in `render` (its shape is application/health+json's,
+// keyed by check). These types state that shape for the document and are never built; the
+// response validation of the HTTP tests holds the answers to them.
+
+/// The deep health answer (application/health+json).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeepHealth {
+    /// The worst check's status: `fail` (503) only when the store does not answer.
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// `wharf deep health`.
+    description: String,
+    /// Every check, keyed `component:measurement`.
+    checks: BTreeMap<String, Vec<DeepCheck>>,
+    /// Whether the store answered a schema read within the ready timeout.
+    store: StoreReachability,
+    /// The supervisor's state; null without one.
+    #[schema(required = true)]
+    config_watch: Option<ConfigWatchReport>,
+    /// The sessions, in configuration order.
+    sessions: Vec<DeepSession>,
+    /// This process's consumers.
+    consumers: Vec<ConsumerReport>,
+}
+
+/// One deep health check.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct DeepCheck {
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// The session or consumer the entry is about.
+    #[serde(rename = "componentId", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    component_id: Option<String>,
+    /// What was observed (a level, a state, an outcome, or the generations).
+    #[serde(rename = "observedValue", skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Value)]
+    observed_value: Option<serde_json::Value>,
+    /// Why it warns or fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<String>,
+    /// When it was observed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    time: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The store's reachability.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct StoreReachability {
+    /// True when it answered.
+    reachable: bool,
+    /// Why not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
+}
+
 #[utoipa::path(
     get,
     path = "/api/v1/monitor/deephealth",
@@ -285,8 +225,8 @@ pub fn render(report: &DeepReport, store: &Result<(), String>) -> (StatusCode, V
     summary = "Deep health",
     description = "An application/health+json answer for operators after a reload: each MQTT session's level and HA lease, `config_watch` (applied versus converged generation, degraded flag and reason, the newest reload), this process's consumers, and the store's reachability. Checks are keyed `component:measurement`: `store:reachability`, `config:convergence`, `config:last-reload`, `mqtt-session:level` and `consumer:state` (one entry per session or consumer, `componentId` naming it). `status` is the worst check's: `fail` (503) only when the store does not answer; degraded but serving (not converged, a refused reload, a session below full, a stalled consumer) is `warn` with 200.",
     responses(
-        (status = 200, description = "Serving (status pass or warn).", body = crate::openapi::DeepHealth, content_type = "application/health+json"),
-        (status = 503, description = "The store does not answer (status fail).", body = crate::openapi::DeepHealth, content_type = "application/health+json")
+        (status = 200, description = "Serving (status pass or warn).", body = DeepHealth, content_type = "application/health+json"),
+        (status = 503, description = "The store does not answer (status fail).", body = DeepHealth, content_type = "application/health+json")
     )
 )]
 pub(crate) async fn deephealth(State(state): State<ApiState>) -> Response {

@@ -1,12 +1,16 @@
-//! The endpoint handlers and the table of routes they answer.
+//! The endpoint handlers of the listing, the probes and the metrics (`routes.rs` has the table
+//! of routes they answer).
+
+use std::collections::BTreeMap;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, MethodRouter};
 use axum::Json;
+use serde::Serialize;
 use serde_json::json;
+use utoipa::ToSchema;
 use wharf_domain::GroupName;
 use wharf_metrics::ScrapeCollector;
 use wharf_projections::{CarriedFigures, HistoryPage};
@@ -16,6 +20,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::metrics::{StoreCollector, CONTENT_TYPE as METRICS_CONTENT_TYPE};
 
 use crate::params;
+use crate::schemas::{health_status, pass_only};
 use crate::state::{ApiState, HealthStatus};
 use crate::views::{DeadLetterPage, GroupDetail, GroupEntry, GroupList, SwapList, TopicList};
 
@@ -50,27 +55,6 @@ pub const SESSION_EVENTS_PATH: &str = "/api/v1/sessions/{session}/events";
 /// the store's reachability.
 pub const DEEPHEALTH_PATH: &str = "/api/v1/monitor/deephealth";
 
-/// Every route: its path and what answers it. The router is built from this table, and the
-/// OpenAPI test checks the document against it.
-pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
-    vec![
-        (TOPICS_PATH, get(list_topics)),
-        (GROUPS_PATH, get(list_groups)),
-        (GROUP_PATH, get(one_group)),
-        (DECLARATIONS_PATH, get(declarations)),
-        (DEAD_LETTERS_PATH, get(dead_letters)),
-        (SWAPS_PATH, get(swaps)),
-        (OPENAPI_PATH, get(openapi)),
-        (HEALTHZ_PATH, get(healthz)),
-        (READYZ_PATH, get(readyz)),
-        (METRICS_PATH, get(metrics)),
-        (SESSIONS_PATH, get(crate::sessions::list_sessions)),
-        (SESSION_PATH, get(crate::sessions::one_session)),
-        (SESSION_EVENTS_PATH, get(crate::sessions::session_events)),
-        (DEEPHEALTH_PATH, get(crate::deephealth::deephealth)),
-    ]
-}
-
 #[utoipa::path(
     get,
     path = "/api/v1/topics",
@@ -84,7 +68,9 @@ pub(crate) fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, ApiError> {
+pub(crate) async fn list_topics(
+    State(state): State<ApiState>,
+) -> Result<Json<TopicList>, ApiError> {
     let topics = state.queue().topic_stats().await?;
     Ok(Json(TopicList { topics }))
 }
@@ -108,7 +94,7 @@ async fn list_topics(State(state): State<ApiState>) -> Result<Json<TopicList>, A
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn list_groups(
+pub(crate) async fn list_groups(
     State(state): State<ApiState>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Json<GroupList>, ApiError> {
@@ -149,7 +135,7 @@ async fn list_groups(
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn one_group(
+pub(crate) async fn one_group(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -186,7 +172,7 @@ async fn one_group(
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn declarations(
+pub(crate) async fn declarations(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -219,7 +205,7 @@ async fn declarations(
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn dead_letters(
+pub(crate) async fn dead_letters(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -254,7 +240,7 @@ async fn dead_letters(
         (status = 503, description = "The store cannot be reached or is not migrated; retry later.", body = ErrorBody)
     )
 )]
-async fn swaps(
+pub(crate) async fn swaps(
     State(state): State<ApiState>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -288,23 +274,41 @@ fn group_name(path: Result<Path<String>, PathRejection>) -> Result<GroupName, Ap
     Ok(GroupName::parse("group", &raw)?)
 }
 
-#[utoipa::path(
-    get,
-    path = "/api/v1/openapi.json",
-    operation_id = "getOpenApi",
-    tag = "meta",
-    summary = "This document",
-    description = "This OpenAPI 3.1 document, generated from the types the handlers serve.",
-    responses(
-        (status = 200, description = "The OpenAPI 3.1 document.", body = Object)
-    )
-)]
-async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        crate::openapi::document_json(),
-    )
-        .into_response()
+// The health answers are assembled as JSON here and in `deephealth.rs` (their shape is
+// application/health+json's, keyed by check). These types state that shape for the document and
+// are never built; the response validation of the HTTP tests holds the answers to them.
+
+/// The liveness answer.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Pass {
+    #[schema(value_type = String, schema_with = pass_only)]
+    status: String,
+}
+
+/// The readiness answer (application/health+json).
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Health {
+    /// The worst check's status: `fail` is 503, `pass` and `warn` are 200.
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// The first failing check's reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
+    /// Every check, keyed `component:measurement`.
+    checks: BTreeMap<String, Vec<HealthCheck>>,
+}
+
+/// One readiness check.
+#[derive(Serialize, ToSchema)]
+#[schema(as = HealthCheck)]
+pub(crate) struct HealthCheck {
+    #[schema(value_type = String, schema_with = health_status)]
+    status: String,
+    /// Why it warns or fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    output: Option<String>,
 }
 
 #[utoipa::path(
@@ -315,10 +319,10 @@ async fn openapi() -> Response {
     summary = "Liveness",
     description = "Always passes while the process serves HTTP; never touches the database.",
     responses(
-        (status = 200, description = "The process is alive.", body = crate::openapi::Pass)
+        (status = 200, description = "The process is alive.", body = Pass)
     )
 )]
-async fn healthz() -> Json<serde_json::Value> {
+pub(crate) async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "pass" }))
 }
 
@@ -333,11 +337,11 @@ async fn healthz() -> Json<serde_json::Value> {
     summary = "Readiness",
     description = "An application/health+json answer: passes when the store can serve the listing (reachable, a schema this build can read, catch-up projections applying). `warn` (200) when a newer build migrated the store. Checks are keyed `component:measurement`: `store:schema`, `projections:catch-up`, `mqtt:sessions`, or `readiness:probe` for a custom probe and `readiness:duration` when the probe does not finish in time.",
     responses(
-        (status = 200, description = "Ready for traffic (status pass or warn).", body = crate::openapi::Health, content_type = "application/health+json"),
-        (status = 503, description = "Not ready (status fail); `output` is the first failing check's reason.", body = crate::openapi::Health, content_type = "application/health+json")
+        (status = 200, description = "Ready for traffic (status pass or warn).", body = Health, content_type = "application/health+json"),
+        (status = 503, description = "Not ready (status fail); `output` is the first failing check's reason.", body = Health, content_type = "application/health+json")
     )
 )]
-async fn readyz(State(state): State<ApiState>) -> Response {
+pub(crate) async fn readyz(State(state): State<ApiState>) -> Response {
     let checks = state.check_health().await;
     let status = checks
         .iter()
@@ -385,7 +389,7 @@ async fn readyz(State(state): State<ApiState>) -> Response {
         (status = 200, description = "The metrics.", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8", example = json!("# HELP wharf_store_up 1 when every store read of this scrape answered within the scrape timeout, else 0.\n# TYPE wharf_store_up gauge\nwharf_store_up 1\n"))
     )
 )]
-async fn metrics(State(state): State<ApiState>) -> Response {
+pub(crate) async fn metrics(State(state): State<ApiState>) -> Response {
     let store = StoreCollector::new(
         state.read_model().clone(),
         state.queue().clone(),

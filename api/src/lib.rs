@@ -32,17 +32,14 @@ mod handlers;
 pub mod metrics;
 pub mod openapi;
 pub mod params;
+mod routes;
+mod schemas;
 mod server;
 pub mod sessions;
 pub mod state;
 pub mod views;
 
 use std::future::Future;
-
-use axum::http::Request;
-use axum::Router;
-use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
-use tracing::Level;
 
 pub use deephealth::{
     ConfigWatchReport, ConsumerReport, DeepHealthSource, DeepReport, DeepSession, LeaseReport,
@@ -54,6 +51,7 @@ pub use handlers::{
     METRICS_PATH, OPENAPI_PATH, READYZ_PATH, SESSIONS_PATH, SESSION_PATH, SWAPS_PATH, TOPICS_PATH,
 };
 pub use metrics::{Metrics, StoreCollector};
+pub use routes::router;
 pub use server::{bounded_router, default_max_concurrent_reads, serve_with, HttpLimits};
 pub use sessions::{
     LiveLease, LiveSession, ReconcileReport, SessionDetail, SessionEventPage, SessionList,
@@ -62,31 +60,6 @@ pub use sessions::{
 pub use state::{
     ApiState, ChecksFuture, HealthCheck, HealthStatus, ReadinessProbe, ReadyFuture, StoreReadiness,
 };
-
-/// The API's router, with JSON fallbacks for unknown paths and methods and a tracing layer.
-pub fn router(state: ApiState) -> Router {
-    let routes = handlers::routes()
-        .into_iter()
-        .fold(Router::new(), |router, (path, route)| {
-            router.route(path, route)
-        });
-    routes
-        .fallback(handlers::no_route)
-        .method_not_allowed_fallback(handlers::wrong_method)
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|request: &Request<_>| {
-                    tracing::info_span!(
-                        "http_request",
-                        method = %request.method(),
-                        path = %request.uri().path(),
-                    )
-                })
-                .on_response(DefaultOnResponse::new().level(Level::INFO))
-                .on_failure(DefaultOnFailure::new().level(Level::ERROR)),
-        )
-        .with_state(state)
-}
 
 /// Serves the API on `listener` with the default [`HttpLimits`] until `shutdown` completes,
 /// then lets in-flight requests finish. See [`serve_with`].
@@ -104,6 +77,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use axum::body::Body;
+    use axum::http::Request;
     use tower::ServiceExt;
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id};

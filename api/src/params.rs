@@ -338,7 +338,7 @@ pub(crate) struct SwapParamsDoc {
 #[allow(dead_code)]
 pub(crate) struct SessionEventParamsDoc {
     /// `filters` (the managed-filter ledger, the default) or `lease` (the HA lease).
-    #[param(required = false, schema_with = crate::openapi::stream_parameter)]
+    #[param(required = false, schema_with = crate::schemas::stream_parameter)]
     stream: String,
     /// Only events after this ledger position (the previous page's `next_after`).
     #[param(required = false, minimum = 0, default = 0)]

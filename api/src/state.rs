@@ -11,6 +11,7 @@ use wharf_queue::{Queue, QueueSettings};
 use wharf_store::Store;
 
 use crate::metrics::{Metrics, DEFAULT_SCRAPE_TIMEOUT};
+use crate::sessions::SessionSource;
 
 /// The future a readiness probe returns: `Ok(())` when ready, else the reason it is not.
 pub type ReadyFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -331,7 +332,7 @@ impl ApiState {
         match wharf_store::finish_within(self.ready_timeout, probe).await {
             Ok(mut checks) => {
                 if let Some(source) = &self.sessions {
-                    checks.push(crate::sessions::readiness(source.as_ref()));
+                    checks.push(sessions_readiness(source.as_ref()));
                 }
                 checks
             }
@@ -343,5 +344,23 @@ impl ApiState {
                 ),
             )],
         }
+    }
+}
+
+/// `mqtt:sessions`: passes when every session runs at `full` (or none is configured).
+fn sessions_readiness(source: &dyn SessionSource) -> HealthCheck {
+    let waiting: Vec<String> = source
+        .sessions()
+        .into_iter()
+        .filter(|s| !s.ready)
+        .map(|s| match &s.reason {
+            Some(reason) => format!("{} is {}: {reason}", s.name, s.level),
+            None => format!("{} is {}", s.name, s.level),
+        })
+        .collect();
+    if waiting.is_empty() {
+        HealthCheck::pass("mqtt:sessions")
+    } else {
+        HealthCheck::fail("mqtt:sessions", waiting.join("; "))
     }
 }
