@@ -5,7 +5,7 @@
 
 use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
 
-use crate::counter_vec;
+use crate::register::counter_vec;
 
 /// The outcomes `wharf_config_reloads_total` counts (its `outcome` label values).
 pub const RELOAD_OUTCOMES: [&str; 4] = ["applied", "unchanged", "refused", "failed"];

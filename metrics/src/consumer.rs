@@ -2,7 +2,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
-use crate::counter_vec;
+use crate::register::counter_vec;
 
 /// The consumers' counter families, labelled by group and topic.
 #[derive(Clone)]

@@ -27,6 +27,7 @@
 mod config;
 mod consumer;
 mod maintenance;
+mod register;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +36,9 @@ use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
-use prometheus::{Encoder as _, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder as _, IntCounterVec, Registry, TextEncoder};
+
+use register::counter_vec;
 
 pub use config::{ConfigFamilies, RECONCILE_OUTCOMES, RELOAD_OUTCOMES};
 pub use consumer::{ConsumerFamilies, GroupCounters, PublishFamilies};
@@ -254,33 +257,6 @@ impl StoreErrorFamilies {
     pub fn counter(&self, operation: StoreOperation) -> prometheus::IntCounter {
         self.errors.with_label_values(&[operation.as_str()])
     }
-}
-
-/// Creates and registers a counter without labels (it shows 0 until counted). See
-/// [`counter_vec`].
-pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let counter = IntCounter::with_opts(Opts::new(name, help))
-        .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
-    registry
-        .register(Box::new(counter.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} could not be registered: {e}"));
-    counter
-}
-
-/// Creates and registers a counter vector. The names are this crate's constants, checked by
-/// its tests, so a refusal is a programming error.
-pub(crate) fn counter_vec(
-    registry: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> IntCounterVec {
-    let family = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
-    registry
-        .register(Box::new(family.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} could not be registered: {e}"));
-    family
 }
 
 #[cfg(test)]

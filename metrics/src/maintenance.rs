@@ -2,7 +2,7 @@
 
 use prometheus::{IntCounter, IntCounterVec, Registry};
 
-use crate::{counter, counter_vec};
+use crate::register::{counter, counter_vec};
 
 /// The pruner's and retention's counters (no labels beyond what they delete).
 #[derive(Clone)]
