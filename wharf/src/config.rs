@@ -6,18 +6,18 @@
 //! itself reads no file and no environment: an application builds a [`Settings`] (or
 //! deserializes one with serde) and passes it to [`crate::Wharf::open`].
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::WharfError;
 
 mod declarations;
 mod queue;
+mod retention;
 mod store;
 
 pub use declarations::DeclarationConfig;
 pub use queue::QueueConfig;
+pub use retention::{check_retention, parse_retention, MAX_RETENTION, RETENTION_FORMAT};
 pub use store::StoreConfig;
 
 /// What [`crate::Wharf::open`] reads: where the ledger lives, how declarations retry and how
@@ -42,38 +42,10 @@ impl Settings {
     }
 }
 
-/// The longest retention accepted (100 years of 365.25 days): a cutoff further back than this
-/// is not a retention but a mistake, and could leave the store's time range.
-pub const MAX_RETENTION: Duration = Duration::from_secs(100 * 31_557_600);
-
-/// What a retention accepts, for error messages.
-pub const RETENTION_FORMAT: &str =
-    "a duration such as 90s, 15m, 24h or 7d (units s, m, h, d, w, months, years), at most 100 years";
-
-/// Refuses a retention above [`MAX_RETENTION`], naming `key`.
-pub fn check_retention(key: &str, value: Duration) -> Result<(), WharfError> {
-    if value > MAX_RETENTION {
-        return Err(WharfError::Config(format!(
-            "{key} must be at most 100 years, got {}",
-            humantime::format_duration(value)
-        )));
-    }
-    Ok(())
-}
-
-/// Parses a retention flag (`--retention 7d`): humantime, at most [`MAX_RETENTION`]; the error
-/// names the accepted formats and bounds.
-pub fn parse_retention(text: &str) -> Result<Duration, String> {
-    let value =
-        humantime::parse_duration(text).map_err(|e| format!("{e}: expected {RETENTION_FORMAT}"))?;
-    if value > MAX_RETENTION {
-        return Err(format!("expected {RETENTION_FORMAT}"));
-    }
-    Ok(value)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -90,15 +62,6 @@ mod tests {
             ..defaults
         };
         assert_eq!(broken.call_deadline(), Duration::from_millis(1));
-    }
-
-    #[test]
-    fn retention_flags_name_the_format_and_the_bound() {
-        assert!(parse_retention("99999999999years").is_err());
-        assert!(parse_retention("forever").unwrap_err().contains("7d"));
-        assert_eq!(parse_retention("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        let err = check_retention("queue.retention", MAX_RETENTION * 2).unwrap_err();
-        assert!(err.to_string().contains("queue.retention"), "{err}");
     }
 
     #[test]

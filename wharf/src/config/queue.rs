@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::check_retention;
+use super::retention::check_retention;
 use crate::error::WharfError;
 
 /// The message log: how claims and retries behave, how a consumer's runtime claims and drains,
