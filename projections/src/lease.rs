@@ -7,19 +7,16 @@
 //! stream up to that sequence, so a process starts deciding from it instead of reading every
 //! renew ever made; the fencing guard of the session's ledger writes reads it in the write's
 //! own lock statement. On Postgres the row change rides in the event's insert statement; a
-//! rebuild replays through `apply`.
+//! rebuild folds the same change into its image of the table (ADR 0077).
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Transaction};
 use serde::Serialize;
-use sqlx::PgConnection;
 use wharf_domain::lease::{
     FencingToken, Lease, LeaseEvent, LeaseHolder, Ownership, LEASE_AGGREGATE,
 };
-use wharf_store::{
-    CteStatement, EventRef, PgProjector, RecordedEvent, SqliteProjector, Store, StoreError,
-};
+use wharf_store::projector::{Column, EventView, OnConflict, RowChange, RowProjector, Value};
+use wharf_store::rebuild::Decoded;
+use wharf_store::{Store, StoreError};
 
 /// Inline projector of `session_lease`.
 pub struct SessionLeases;
@@ -30,15 +27,7 @@ impl SessionLeases {
     const TABLES: &'static [&'static str] = &["session_lease"];
 }
 
-/// Decodes a lease event, or `None` for events of other aggregates.
-fn lease_event(event: &EventRef<'_>) -> Result<Option<LeaseEvent>, StoreError> {
-    if event.aggregate_type != LEASE_AGGREGATE {
-        return Ok(None);
-    }
-    LeaseEvent::decode(event.event_type, event.payload.get())
-        .map(Some)
-        .map_err(|e| StoreError::decode(event.position.unwrap_or(0), e))
-}
+const LEASE_KEY: &[Column] = &["session_id"];
 
 fn token_column(token: FencingToken) -> Result<i64, StoreError> {
     i64::try_from(token.get())
@@ -50,7 +39,7 @@ fn ttl_column(ttl_ms: u64) -> Result<i64, StoreError> {
         .map_err(|_| StoreError::Task(format!("lease ttl {ttl_ms}ms is beyond BIGINT")))
 }
 
-impl SqliteProjector for SessionLeases {
+impl RowProjector for SessionLeases {
     fn name(&self) -> &'static str {
         Self::NAME
     }
@@ -63,158 +52,84 @@ impl SqliteProjector for SessionLeases {
         Some(&[LEASE_AGGREGATE])
     }
 
-    fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
-        let Some(decoded) = lease_event(&event.as_ref())? else {
-            return Ok(());
-        };
-        let (session, sequence, position) =
-            (event.aggregate_id.as_str(), event.sequence, event.position);
-        match &decoded {
-            LeaseEvent::Acquired {
-                holder,
-                token,
-                ttl_ms,
-                expires_at,
-            } => {
-                tx.prepare_cached(
-                    "INSERT INTO session_lease (session_id, holder, token, ttl_ms, expires_at, \
-                     last_sequence, last_position) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
-                     ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, \
-                     token = excluded.token, ttl_ms = excluded.ttl_ms, \
-                     expires_at = excluded.expires_at, last_sequence = excluded.last_sequence, \
-                     last_position = excluded.last_position",
-                )?
-                .execute(params![
-                    session,
-                    holder.as_str(),
-                    token_column(*token)?,
-                    ttl_column(*ttl_ms)?,
-                    expires_at.timestamp_micros(),
-                    sequence,
-                    position
-                ])?;
-            }
-            LeaseEvent::Renewed { expires_at, .. } => {
-                tx.prepare_cached(
-                    "UPDATE session_lease SET expires_at = ?2, last_sequence = ?3, \
-                     last_position = ?4 WHERE session_id = ?1",
-                )?
-                .execute(params![
-                    session,
-                    expires_at.timestamp_micros(),
-                    sequence,
-                    position
-                ])?;
-            }
-            LeaseEvent::Released { .. } | LeaseEvent::Expired { .. } => {
-                tx.prepare_cached(
-                    "UPDATE session_lease SET holder = NULL, ttl_ms = NULL, expires_at = NULL, \
-                     last_sequence = ?2, last_position = ?3 WHERE session_id = ?1",
-                )?
-                .execute(params![session, sequence, position])?;
-            }
-            LeaseEvent::Lost { .. } => {
-                tx.prepare_cached(
-                    "INSERT INTO session_lease (session_id, token, last_sequence, last_position) \
-                     VALUES (?1, 0, ?2, ?3) ON CONFLICT (session_id) DO UPDATE SET \
-                     last_sequence = excluded.last_sequence, last_position = excluded.last_position",
-                )?
-                .execute(params![session, sequence, position])?;
-            }
+    fn changes(
+        &self,
+        event: &EventView<'_>,
+        decoded: &mut Decoded,
+    ) -> Result<Vec<RowChange>, StoreError> {
+        if event.aggregate_type != LEASE_AGGREGATE {
+            return Ok(Vec::new());
         }
-        Ok(())
-    }
-}
-
-impl SessionLeases {
-    /// Adds the event's row change to `statement` as a CTE; false for other aggregates' events.
-    fn pg_rows(
-        event: &EventRef<'_>,
-        position: &str,
-        statement: &mut CteStatement,
-    ) -> Result<bool, StoreError> {
-        let Some(decoded) = lease_event(event)? else {
-            return Ok(false);
-        };
-        let session = statement.bind(event.aggregate_id.to_owned())?;
-        let sequence = statement.bind(event.sequence)?;
-        let sql = match &decoded {
+        let decoded = event.decode_with(decoded, LeaseEvent::decode)?;
+        let session = Value::Text(event.aggregate_id.to_owned());
+        let sequence = Value::Int(event.sequence);
+        let change = match decoded {
             LeaseEvent::Acquired {
                 holder,
                 token,
                 ttl_ms,
                 expires_at,
-            } => {
-                let holder = statement.bind(holder.as_str().to_owned())?;
-                let token = statement.bind(token_column(*token)?)?;
-                let ttl = statement.bind(ttl_column(*ttl_ms)?)?;
-                let expires = statement.bind(*expires_at)?;
-                format!(
-                    "INSERT INTO session_lease (session_id, holder, token, ttl_ms, expires_at, \
-                     last_sequence, last_position) \
-                     VALUES ({session}, {holder}, {token}, {ttl}, {expires}, {sequence}, {position}) \
-                     ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, \
-                     token = excluded.token, ttl_ms = excluded.ttl_ms, \
-                     expires_at = excluded.expires_at, last_sequence = excluded.last_sequence, \
-                     last_position = excluded.last_position"
-                )
-            }
-            LeaseEvent::Renewed { expires_at, .. } => {
-                let expires = statement.bind(*expires_at)?;
-                format!(
-                    "UPDATE session_lease SET expires_at = {expires}, last_sequence = {sequence}, \
-                     last_position = {position} WHERE session_id = {session}"
-                )
-            }
-            LeaseEvent::Released { .. } | LeaseEvent::Expired { .. } => format!(
-                "UPDATE session_lease SET holder = NULL, ttl_ms = NULL, expires_at = NULL, \
-                 last_sequence = {sequence}, last_position = {position} \
-                 WHERE session_id = {session}"
-            ),
-            LeaseEvent::Lost { .. } => format!(
-                "INSERT INTO session_lease (session_id, token, last_sequence, last_position) \
-                 VALUES ({session}, 0, {sequence}, {position}) ON CONFLICT (session_id) \
-                 DO UPDATE SET last_sequence = excluded.last_sequence, \
-                 last_position = excluded.last_position"
-            ),
+            } => RowChange::Upsert {
+                table: "session_lease",
+                key: LEASE_KEY,
+                columns: &[
+                    "holder",
+                    "token",
+                    "ttl_ms",
+                    "expires_at",
+                    "last_sequence",
+                    "last_position",
+                ],
+                values: vec![
+                    session,
+                    Value::Text(holder.as_str().to_owned()),
+                    Value::Int(token_column(*token)?),
+                    Value::Int(ttl_column(*ttl_ms)?),
+                    Value::Time(*expires_at),
+                    sequence,
+                    Value::Position,
+                ],
+                on_conflict: OnConflict::SET,
+            },
+            LeaseEvent::Renewed { expires_at, .. } => RowChange::Update {
+                table: "session_lease",
+                key: LEASE_KEY,
+                columns: &["expires_at", "last_sequence", "last_position"],
+                values: vec![session, Value::Time(*expires_at), sequence, Value::Position],
+            },
+            LeaseEvent::Released { .. } | LeaseEvent::Expired { .. } => RowChange::Update {
+                table: "session_lease",
+                key: LEASE_KEY,
+                columns: &[
+                    "holder",
+                    "ttl_ms",
+                    "expires_at",
+                    "last_sequence",
+                    "last_position",
+                ],
+                values: vec![
+                    session,
+                    Value::Null,
+                    Value::Null,
+                    Value::Null,
+                    sequence,
+                    Value::Position,
+                ],
+            },
+            // A lost lease on a session with no row yet starts it with token 0.
+            LeaseEvent::Lost { .. } => RowChange::Upsert {
+                table: "session_lease",
+                key: LEASE_KEY,
+                columns: &["token", "last_sequence", "last_position"],
+                values: vec![session, Value::Int(0), sequence, Value::Position],
+                on_conflict: OnConflict::Update {
+                    keep: &["token"],
+                    counter: None,
+                    if_greater: None,
+                },
+            },
         };
-        statement.cte("lease_row", &sql);
-        Ok(true)
-    }
-}
-
-#[async_trait]
-impl PgProjector for SessionLeases {
-    fn name(&self) -> &'static str {
-        Self::NAME
-    }
-
-    fn tables(&self) -> &'static [&'static str] {
-        Self::TABLES
-    }
-
-    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
-        Some(&[LEASE_AGGREGATE])
-    }
-
-    async fn apply(
-        &self,
-        conn: &mut PgConnection,
-        event: &RecordedEvent,
-    ) -> Result<(), StoreError> {
-        crate::fused::apply_as_ctes(conn, event, Self::pg_rows).await
-    }
-
-    fn fuse(
-        &self,
-        event: &EventRef<'_>,
-        position: &str,
-        statement: &mut CteStatement,
-    ) -> Result<bool, StoreError> {
-        // Everything this projector writes for the event is now in the statement (nothing,
-        // for an event it ignores): there is nothing to apply afterwards.
-        Self::pg_rows(event, position, statement)?;
-        Ok(true)
+        Ok(vec![change])
     }
 }
 

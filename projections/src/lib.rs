@@ -20,7 +20,6 @@ pub mod audit;
 pub mod cursor;
 pub mod declaration;
 pub mod error;
-mod fused;
 mod group_rows;
 pub mod lease;
 pub mod listing;
@@ -28,7 +27,6 @@ pub mod open_waits;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod prune;
-pub mod replay;
 mod rfc3339;
 pub mod rows;
 pub mod session;

@@ -2,14 +2,18 @@
 
 use std::sync::Arc;
 
+use async_trait::async_trait;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 
 use super::PgStore;
 use crate::error::StoreError;
 use crate::event::{EventQuery, EventRef, NewEvent, Payload, RecordedEvent};
-use crate::projector::{CteStatement, PgProjector};
-use crate::rebuild::RawRow;
+use crate::projector::{
+    literal, on_conflict_sql, row_sql, CteStatement, EventView, OnConflict, PgProjector, RowChange,
+    RowProjector, Value,
+};
+use crate::rebuild::{wants, Decoded, RawRow};
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -122,15 +126,335 @@ pub(super) fn insert_ctes<'p>(
         ),
     );
     let mut deferred = Vec::new();
+    // One scratch for the event: its payload is decoded once for every row projector.
+    let mut decoded = Decoded::default();
     for projector in projectors {
-        let fused = projector
-            .fuse(pending, "(SELECT position FROM appended)", statement)
-            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+        let position = "(SELECT position FROM appended)";
+        let fused = match projector.rows() {
+            Some(rows) => {
+                render_rows(rows, pending, position, statement, &mut decoded).map(|()| true)
+            }
+            None => projector.fuse(pending, position, statement),
+        }
+        .map_err(|e| StoreError::in_projector(projector.name(), e))?;
         if !fused {
             deferred.push(projector);
         }
     }
     Ok(deferred)
+}
+
+/// Adds a row projector's changes for `event` to `statement` as CTEs (none, for an event it
+/// ignores); `position` is the SQL of the event's position.
+fn render_rows(
+    rows: &dyn RowProjector,
+    event: &EventRef<'_>,
+    position: &str,
+    statement: &mut CteStatement,
+    decoded: &mut Decoded,
+) -> Result<(), StoreError> {
+    if !wants(rows.aggregate_types(), event.aggregate_type) {
+        return Ok(());
+    }
+    let changes = rows.changes(&EventView::of(event), decoded)?;
+    render_changes(statement, &changes, position)
+}
+
+/// A row projector on Postgres: its changes are CTEs of the statement that inserts the event
+/// (ADR 0010), or, applied to a recorded event (a catch-up, a rebuild's verify of a catch-up
+/// projector), CTEs of one statement of their own with the position bound.
+#[async_trait]
+impl<T: RowProjector> PgProjector for T {
+    fn name(&self) -> &'static str {
+        RowProjector::name(self)
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        RowProjector::tables(self)
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError> {
+        let mut statement = CteStatement::default();
+        let position = statement.bind(event.position)?;
+        render_rows(
+            self,
+            &event.as_ref(),
+            &position,
+            &mut statement,
+            &mut Decoded::default(),
+        )?;
+        if !statement.is_empty() {
+            let (sql, args) = statement.finish("SELECT 1");
+            sqlx::query_with(&sql, args).execute(conn).await?;
+        }
+        Ok(())
+    }
+
+    fn fuse(
+        &self,
+        event: &EventRef<'_>,
+        position: &str,
+        statement: &mut CteStatement,
+    ) -> Result<bool, StoreError> {
+        render_rows(self, event, position, statement, &mut Decoded::default())?;
+        Ok(true)
+    }
+
+    fn rows(&self) -> Option<&dyn RowProjector> {
+        Some(self)
+    }
+
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        RowProjector::aggregate_types(self)
+    }
+}
+
+/// Adds row changes to `statement` as CTEs, in order; `position` is the SQL of the event's
+/// position. A change of one row is its one statement (`INSERT ... ON CONFLICT`, `UPDATE`,
+/// `DELETE`); a change over many rows binds each per-row value as one array and reads the
+/// rows from `unnest` (see [`render_many`]). Constants and `NULL` are literals, every other
+/// value a parameter.
+pub(crate) fn render_changes(
+    statement: &mut CteStatement,
+    changes: &[RowChange],
+    position: &str,
+) -> Result<(), StoreError> {
+    for change in changes {
+        let name = statement.next_name(change.table());
+        let body = match change.rows()? {
+            None => row_sql(change, &mut |value| place(statement, value, position))?,
+            Some(_) => {
+                render_many(statement, change, position, &name)?;
+                continue;
+            }
+        };
+        statement.cte(&name, &body);
+    }
+    Ok(())
+}
+
+/// A value's SQL in `statement`: a literal for a constant or `NULL`, the position's SQL, or a
+/// bound parameter.
+fn place(
+    statement: &mut CteStatement,
+    value: &Value,
+    position: &str,
+) -> Result<String, StoreError> {
+    match value {
+        Value::Null => Ok("NULL".to_owned()),
+        Value::Const(text) => Ok(literal(text)),
+        Value::Position => Ok(position.to_owned()),
+        Value::Text(text) => statement.bind(text.as_str()),
+        Value::Int(n) => statement.bind(*n),
+        Value::Time(at) => statement.bind(*at),
+        Value::TextList(list) => statement.bind(list.as_slice()),
+        Value::EachText(list) => statement.bind(list.as_slice()),
+        Value::EachInt(list) => statement.bind(list.as_slice()),
+    }
+}
+
+/// A change over many rows as CTEs named from `name`. Each per-row value is one bound array;
+/// `unnest` of the arrays is the rows, `u(c0, c1, ...)`, and every other value is every row's.
+///
+/// - An upsert that keeps existing rows: `INSERT ... SELECT ... FROM unnest(...) ON CONFLICT
+///   DO NOTHING`.
+/// - An upsert that updates them: the listed rows with whether each key exists, looked up
+///   once (`{name}_listed`); the existing ones updated by key (`{name}`; an empty array reads
+///   no index page, so a wave of new rows costs no lookups there) and the others inserted
+///   without a second lookup (`{name}_new`). Neither sees the other's rows.
+/// - An update: `UPDATE ... FROM unnest(...)` by key.
+/// - A delete by one per-row key column: `= ANY(array)`; by several, `USING unnest(...)`.
+fn render_many(
+    statement: &mut CteStatement,
+    change: &RowChange,
+    position: &str,
+    name: &str,
+) -> Result<(), StoreError> {
+    // Each value's SQL as a row reads it: `u.cN` (per-row, `alias` its relation) or its own.
+    struct Placed {
+        each: Vec<String>,
+        arrays: Vec<String>,
+        sql: Vec<Option<String>>,
+    }
+    let place_all =
+        |statement: &mut CteStatement, values: &[Value]| -> Result<Placed, StoreError> {
+            let mut placed = Placed {
+                each: Vec::new(),
+                arrays: Vec::new(),
+                sql: Vec::new(),
+            };
+            for value in values {
+                let sql = place(statement, value, position)?;
+                if value.rows().is_some() {
+                    placed.each.push(format!("c{}", placed.arrays.len()));
+                    placed.arrays.push(sql);
+                    placed.sql.push(None);
+                } else {
+                    placed.sql.push(Some(sql));
+                }
+            }
+            Ok(placed)
+        };
+    // The SQL of value `i` as read from relation `alias` (per-row values by their name there).
+    fn read(placed: &Placed, alias: &str, i: usize) -> String {
+        match &placed.sql[i] {
+            Some(sql) => sql.clone(),
+            None => {
+                let nth = placed.sql[..i].iter().filter(|s| s.is_none()).count();
+                format!("{alias}{}", placed.each[nth])
+            }
+        }
+    }
+    let unnest = |placed: &Placed| {
+        format!(
+            "unnest({}) AS u({})",
+            placed.arrays.join(", "),
+            placed.each.join(", ")
+        )
+    };
+    match change {
+        RowChange::Upsert {
+            table,
+            key,
+            columns,
+            values,
+            on_conflict,
+        } => {
+            let placed = place_all(statement, values)?;
+            let names: Vec<&str> = key.iter().chain(columns.iter()).copied().collect();
+            let all = |alias: &str| {
+                (0..values.len())
+                    .map(|i| read(&placed, alias, i))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let OnConflict::Update {
+                keep,
+                counter: None,
+                if_greater: None,
+            } = on_conflict
+            else {
+                if *on_conflict != OnConflict::Nothing {
+                    return Err(change.malformed("a counter or a guard on many rows"));
+                }
+                let body = format!(
+                    "INSERT INTO {table} ({}) SELECT {} FROM {}{}",
+                    names.join(", "),
+                    all("u."),
+                    unnest(&placed),
+                    on_conflict_sql(table, key, columns, on_conflict)
+                );
+                statement.cte(name, &body);
+                return Ok(());
+            };
+            // The first per-row key column: the existing rows' key values are read by it.
+            let Some(lead) = (0..key.len()).find(|&i| placed.sql[i].is_none()) else {
+                return Err(change.malformed("per-row values outside the key of an upsert"));
+            };
+            let lead_name = read(&placed, "", lead);
+            let listed = format!("{name}_listed");
+            let known = (0..key.len())
+                .map(|i| format!("m.{} = {}", key[i], read(&placed, "u.", i)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            statement.cte(
+                &listed,
+                &format!(
+                    "SELECT {}, EXISTS (SELECT 1 FROM {table} m WHERE {known}) AS known FROM {}",
+                    placed
+                        .each
+                        .iter()
+                        .map(|c| format!("u.{c}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    unnest(&placed)
+                ),
+            );
+            let set = columns
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !keep.contains(c))
+                .map(|(j, c)| format!("{c} = {}", read(&placed, "l.", key.len() + j)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let by_key = (0..key.len())
+                .map(|i| format!("m.{} = {}", key[i], read(&placed, "l.", i)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            if !set.is_empty() {
+                statement.cte(
+                    name,
+                    &format!(
+                        "UPDATE {table} m SET {set} FROM {listed} l WHERE {by_key} AND l.known \
+                         AND m.{} = ANY(ARRAY(SELECT {lead_name} FROM {listed} WHERE known))",
+                        key[lead]
+                    ),
+                );
+            }
+            statement.cte(
+                &format!("{name}_new"),
+                &format!(
+                    "INSERT INTO {table} ({}) SELECT {} FROM {listed} WHERE NOT known",
+                    names.join(", "),
+                    all("")
+                ),
+            );
+        }
+        RowChange::Update {
+            table,
+            key,
+            columns,
+            values,
+        } => {
+            let placed = place_all(statement, values)?;
+            let set = columns
+                .iter()
+                .enumerate()
+                .map(|(j, c)| format!("{c} = {}", read(&placed, "u.", key.len() + j)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let by_key = (0..key.len())
+                .map(|i| format!("m.{} = {}", key[i], read(&placed, "u.", i)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            statement.cte(
+                name,
+                &format!(
+                    "UPDATE {table} m SET {set} FROM {} WHERE {by_key}",
+                    unnest(&placed)
+                ),
+            );
+        }
+        RowChange::Delete { table, key, values } => {
+            let placed = place_all(statement, values)?;
+            let body = if placed.arrays.len() == 1 {
+                let by_key = (0..key.len())
+                    .map(|i| match &placed.sql[i] {
+                        Some(sql) => format!("{} = {sql}", key[i]),
+                        None => format!("{} = ANY({})", key[i], placed.arrays[0]),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" AND ");
+                format!("DELETE FROM {table} WHERE {by_key}")
+            } else {
+                let by_key = (0..key.len())
+                    .map(|i| format!("m.{} = {}", key[i], read(&placed, "u.", i)))
+                    .collect::<Vec<_>>()
+                    .join(" AND ");
+                format!(
+                    "DELETE FROM {table} m USING {} WHERE {by_key}",
+                    unnest(&placed)
+                )
+            };
+            statement.cte(name, &body);
+        }
+        _ => return Err(change.malformed("per-row values in a change by condition")),
+    }
+    Ok(())
 }
 
 /// Binds a JSON value as its text, cast to `json` in the statement. `sqlx::types::Json` is

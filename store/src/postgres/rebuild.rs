@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::PgConnection;
 
 use super::events::{
@@ -10,17 +11,17 @@ use super::events::{
 };
 use super::PgStore;
 use crate::error::StoreError;
-use crate::projector::{PgProjector, PgReplay};
+use crate::projector::{EventView, PgProjector, Value};
 use crate::rebuild::{
-    snapshot_table, wants, Decoded, Progress, RebuildMode, RebuildReport, ReplayTarget,
+    snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, ReplayTarget,
     TableDifference, REBUILD_PAGE,
 };
 
 impl PgStore {
     /// Rebuilds the inline projectors and the given catch-up projectors from the whole log,
     /// holding the append lock so no event lands mid-replay. Readers keep the old rows until
-    /// commit (MVCC); Verify rolls back. Projectors with a set-based replay fold the log in
-    /// memory and write their rows in bulk at the end (on Verify into unindexed temporary
+    /// commit (MVCC); Verify rolls back. Row projectors fold their changes into an image of
+    /// their tables in memory, written in bulk at the end (on Verify into unindexed temporary
     /// copies of their tables, compared with the untouched live rows); the others apply event
     /// by event into their reset tables (on Verify after a copy of the live rows is kept).
     pub async fn rebuild(
@@ -59,7 +60,7 @@ impl PgStore {
         // What Verify compares, per table: (table, live rows, replayed rows).
         let mut compared: Vec<(&str, String, String)> = Vec::new();
         for (projector, step) in all.iter().zip(&steps) {
-            let folded_aside = mode == RebuildMode::Verify && matches!(step, Step::Fold(..));
+            let folded_aside = mode == RebuildMode::Verify && matches!(step, Step::Image(..));
             for &table in projector.tables() {
                 let copy = snapshot_table(table);
                 if folded_aside {
@@ -127,29 +128,153 @@ impl PgStore {
 
 /// How one projector takes part in a replay.
 enum Step {
-    /// Folded in memory, written at the end.
-    Fold(&'static str, Box<dyn PgReplay>),
+    /// A row projector: its changes folded into an image of its tables, written at the end.
+    Image(Arc<dyn PgProjector>, Image),
     /// Applied event by event.
     Apply(Arc<dyn PgProjector>),
 }
 
 impl Step {
     fn of(projector: &Arc<dyn PgProjector>) -> Self {
-        match projector.replay() {
-            Some(fold) => Self::Fold(projector.name(), fold),
+        match projector.rows() {
+            Some(_) => Self::Image(projector.clone(), Image::default()),
             None => Self::Apply(projector.clone()),
         }
     }
 
     async fn write(self, conn: &mut PgConnection, target: ReplayTarget) -> Result<(), StoreError> {
         match self {
-            Self::Fold(name, fold) => fold
-                .write(conn, target)
+            Self::Image(projector, image) => write_image(conn, image, target)
                 .await
-                .map_err(|e| StoreError::in_projector(name, e)),
+                .map_err(|e| StoreError::in_projector(projector.name(), e)),
             Self::Apply(_) => Ok(()),
         }
     }
+}
+
+/// Writes an image's rows into `target`'s tables, each by one `COPY ... FROM STDIN`.
+async fn write_image(
+    conn: &mut PgConnection,
+    image: Image,
+    target: ReplayTarget,
+) -> Result<(), StoreError> {
+    for table in image.into_tables() {
+        let into = format!(
+            "{} ({})",
+            target.table(table.name),
+            table.columns().join(", ")
+        );
+        let mut rows = CopyText::default();
+        table.write_rows(|row| {
+            for value in row {
+                rows.value(value)?;
+            }
+            rows.end_row();
+            Ok(())
+        })?;
+        copy(conn, &into, rows).await?;
+    }
+    Ok(())
+}
+
+/// Rows of one `COPY ... FROM STDIN` in text format.
+#[derive(Default)]
+struct CopyText {
+    text: String,
+    fields: usize,
+}
+
+impl CopyText {
+    /// Appends a value as its field.
+    fn value(&mut self, value: &Value) -> Result<(), StoreError> {
+        match value {
+            Value::Null => self.null(),
+            Value::Text(text) => self.field(text),
+            Value::Const(text) => self.field(text),
+            Value::Int(n) => self.field(&n.to_string()),
+            Value::Time(at) => self.time(*at),
+            Value::TextList(list) => self.array(list),
+            Value::Position | Value::EachText(_) | Value::EachInt(_) => {
+                return Err(StoreError::Task(
+                    "a rebuild's image holds a value it should have settled".to_owned(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends a field, escaped for COPY (`\`, tab, newline, carriage return).
+    fn field(&mut self, value: &str) {
+        self.separate();
+        for c in value.chars() {
+            match c {
+                '\\' => self.text.push_str("\\\\"),
+                '\t' => self.text.push_str("\\t"),
+                '\n' => self.text.push_str("\\n"),
+                '\r' => self.text.push_str("\\r"),
+                c => self.text.push(c),
+            }
+        }
+    }
+
+    fn null(&mut self) {
+        self.separate();
+        self.text.push_str("\\N");
+    }
+
+    /// A `text[]` as an array literal, every element quoted.
+    fn array(&mut self, list: &[String]) {
+        let mut literal = String::from("{");
+        for (i, item) in list.iter().enumerate() {
+            if i > 0 {
+                literal.push(',');
+            }
+            literal.push('"');
+            for c in item.chars() {
+                if c == '"' || c == '\\' {
+                    literal.push('\\');
+                }
+                literal.push(c);
+            }
+            literal.push('"');
+        }
+        literal.push('}');
+        self.field(&literal);
+    }
+
+    /// A timestamptz exactly as sqlx binds one: microseconds, truncated.
+    fn time(&mut self, at: DateTime<Utc>) {
+        let micros = at.timestamp_micros();
+        let exact = DateTime::from_timestamp_micros(micros).unwrap_or(at);
+        self.field(&exact.to_rfc3339_opts(SecondsFormat::Micros, true));
+    }
+
+    fn end_row(&mut self) {
+        self.text.push('\n');
+        self.fields = 0;
+    }
+
+    fn separate(&mut self) {
+        if self.fields > 0 {
+            self.text.push('\t');
+        }
+        self.fields += 1;
+    }
+}
+
+/// Sends `rows` through `COPY {target} FROM STDIN`, in chunks.
+async fn copy(conn: &mut PgConnection, target: &str, rows: CopyText) -> Result<(), StoreError> {
+    if rows.text.is_empty() {
+        return Ok(());
+    }
+    let mut copy = conn
+        .copy_in_raw(&format!("COPY {target} FROM STDIN"))
+        .await?;
+    for chunk in rows.text.as_bytes().chunks(1 << 20) {
+        copy.send(chunk).await?;
+    }
+    copy.finish().await?;
+    Ok(())
 }
 
 /// Replays the events with `after < position <= head` into `steps`, through one cursor read
@@ -177,9 +302,17 @@ async fn replay(
             let mut recorded = None;
             for step in steps.iter_mut() {
                 match step {
-                    Step::Fold(name, fold) => fold
-                        .fold(&event, &mut decoded)
-                        .map_err(|e| StoreError::in_projector(name, e))?,
+                    Step::Image(projector, image) => {
+                        let Some(rows) = projector.rows() else {
+                            continue;
+                        };
+                        if !wants(rows.aggregate_types(), event.aggregate_type) {
+                            continue;
+                        }
+                        rows.changes(&EventView::of_replay(&event), &mut decoded)
+                            .and_then(|changes| image.apply(changes, event.position))
+                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+                    }
                     Step::Apply(projector) => {
                         if !wants(projector.aggregate_types(), event.aggregate_type) {
                             continue;
@@ -229,4 +362,22 @@ async fn compare(
         }
     }
     Ok(differences)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_fields_and_array_elements() {
+        let mut rows = CopyText::default();
+        rows.field("a\tb\\c\nd");
+        rows.array(&["x\"y".to_owned(), "p\\q".to_owned(), "plain".to_owned()]);
+        rows.null();
+        rows.end_row();
+        assert_eq!(
+            rows.text,
+            "a\\tb\\\\c\\nd\t{\"x\\\\\"y\",\"p\\\\\\\\q\",\"plain\"}\t\\N\n"
+        );
+    }
 }

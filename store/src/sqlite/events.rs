@@ -3,13 +3,16 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, EventQuery, NewEvent, Payload, RecordedEvent};
-use crate::projector::SqliteProjector;
-use crate::rebuild::RawRow;
+use crate::projector::{
+    literal, row_sql, EventView, RowChange, RowProjector, SqliteProjector, Value,
+};
+use crate::rebuild::{wants, Decoded, RawRow};
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
      event_version, payload, metadata, recorded_at FROM events";
@@ -66,13 +69,136 @@ pub fn append_in_tx(
         });
     }
     for event in &recorded {
+        // One scratch per event: its payload is decoded once for every row projector.
+        let mut decoded = Decoded::default();
         for projector in projectors {
-            projector
-                .apply(tx, event)
-                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+            let applied = match projector.rows() {
+                Some(rows) => apply_rows(tx, rows, event, &mut decoded),
+                None => projector.apply(tx, event),
+            };
+            applied.map_err(|e| StoreError::in_projector(projector.name(), e))?;
         }
     }
     Ok(recorded)
+}
+
+/// Applies a row projector to one recorded event: its changes, executed in order.
+fn apply_rows(
+    tx: &Transaction<'_>,
+    rows: &dyn RowProjector,
+    event: &RecordedEvent,
+    decoded: &mut Decoded,
+) -> Result<(), StoreError> {
+    if !wants(rows.aggregate_types(), &event.aggregate_type) {
+        return Ok(());
+    }
+    let changes = rows.changes(&EventView::of(&event.as_ref()), decoded)?;
+    execute_changes(tx, &changes, event.position)
+}
+
+/// A row projector on SQLite: its changes run as statements in the caller's transaction.
+impl<T: RowProjector> SqliteProjector for T {
+    fn name(&self) -> &'static str {
+        RowProjector::name(self)
+    }
+
+    fn tables(&self) -> &'static [&'static str] {
+        RowProjector::tables(self)
+    }
+
+    fn apply(&self, tx: &Transaction<'_>, event: &RecordedEvent) -> Result<(), StoreError> {
+        apply_rows(tx, self, event, &mut Decoded::default())
+    }
+
+    fn rows(&self) -> Option<&dyn RowProjector> {
+        Some(self)
+    }
+
+    fn aggregate_types(&self) -> Option<&'static [&'static str]> {
+        RowProjector::aggregate_types(self)
+    }
+}
+
+/// Executes row changes in `tx`, in order, each as one cached statement (run once per row of a
+/// change over many rows); `position` is the event's. Constants and `NULL` are literals of the
+/// statement, every other value a parameter.
+pub(crate) fn execute_changes(
+    tx: &Transaction<'_>,
+    changes: &[RowChange],
+    position: i64,
+) -> Result<(), StoreError> {
+    for change in changes {
+        let mut params: Vec<&Value> = Vec::new();
+        let sql = row_sql(change, &mut |value| {
+            Ok(match value {
+                Value::Null => "NULL".to_owned(),
+                Value::Const(text) => literal(text),
+                other => {
+                    params.push(other);
+                    format!("?{}", params.len())
+                }
+            })
+        })?;
+        let mut statement = tx.prepare_cached(&sql)?;
+        for row in 0..change.rows()?.unwrap_or(1) {
+            statement.execute(rusqlite::params_from_iter(
+                params.iter().map(|value| Cell::new(value, row, position)),
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+/// A value as a SQLite parameter: text and integers as themselves, a time as microseconds, a
+/// list as the text of a JSON array, a per-row value as its `row`'s.
+pub(crate) struct Cell<'a> {
+    value: &'a Value,
+    row: usize,
+    position: i64,
+}
+
+impl<'a> Cell<'a> {
+    /// The value as row `row`'s parameter, `position` the event's.
+    pub(crate) fn new(value: &'a Value, row: usize, position: i64) -> Self {
+        Self {
+            value,
+            row,
+            position,
+        }
+    }
+}
+
+impl ToSql for Cell<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        use rusqlite::types::Value as Owned;
+        let missing = || {
+            rusqlite::Error::ToSqlConversionFailure(
+                format!("a per-row value has no row {}", self.row).into(),
+            )
+        };
+        Ok(match self.value {
+            Value::Null => ToSqlOutput::Owned(Owned::Null),
+            Value::Text(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
+            Value::Const(text) => ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes())),
+            Value::Int(n) => ToSqlOutput::Owned(Owned::Integer(*n)),
+            Value::Time(at) => ToSqlOutput::Owned(Owned::Integer(at.timestamp_micros())),
+            Value::TextList(list) => ToSqlOutput::Owned(Owned::Text(json_list(list))),
+            Value::Position => ToSqlOutput::Owned(Owned::Integer(self.position)),
+            Value::EachText(list) => {
+                let text = list.get(self.row).ok_or_else(missing)?;
+                ToSqlOutput::Borrowed(ValueRef::Text(text.as_bytes()))
+            }
+            Value::EachInt(list) => match list.get(self.row).ok_or_else(missing)? {
+                Some(n) => ToSqlOutput::Owned(Owned::Integer(*n)),
+                None => ToSqlOutput::Owned(Owned::Null),
+            },
+        })
+    }
+}
+
+/// A list as the text of a JSON array, as SQLite's projection tables hold it.
+fn json_list(list: &[String]) -> String {
+    serde_json::to_string(list).unwrap_or_default()
 }
 
 /// Loads one aggregate's events in sequence order.

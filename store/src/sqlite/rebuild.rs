@@ -2,19 +2,19 @@
 
 use std::sync::Arc;
 
-use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx};
+use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx, Cell};
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::projector::{SqliteProjector, SqliteReplay};
+use crate::projector::{EventView, SqliteProjector};
 use crate::rebuild::{
-    snapshot_table, wants, Decoded, Progress, RebuildMode, RebuildReport, TableDifference,
+    snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, TableDifference,
     REBUILD_PAGE,
 };
 
 impl SqliteStore {
     /// Rebuilds the inline projectors and the given catch-up projectors from the whole log.
-    /// Projectors with a set-based replay fold the log in memory and write their rows in bulk
-    /// at the end; the others apply event by event.
+    /// Row projectors fold their changes into an image of their tables in memory, written in
+    /// bulk at the end; the others apply event by event.
     pub async fn rebuild(
         &self,
         catch_up: Vec<Arc<dyn SqliteProjector>>,
@@ -89,28 +89,49 @@ impl SqliteStore {
 
 /// How one projector takes part in a replay.
 enum Step {
-    /// Folded in memory, written at the end.
-    Fold(&'static str, Box<dyn SqliteReplay>),
+    /// A row projector: its changes folded into an image of its tables, written at the end.
+    Image(Arc<dyn SqliteProjector>, Image),
     /// Applied event by event.
     Apply(Arc<dyn SqliteProjector>),
 }
 
 impl Step {
     fn of(projector: &Arc<dyn SqliteProjector>) -> Self {
-        match projector.replay() {
-            Some(fold) => Self::Fold(projector.name(), fold),
+        match projector.rows() {
+            Some(_) => Self::Image(projector.clone(), Image::default()),
             None => Self::Apply(projector.clone()),
         }
     }
 
     fn write(self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
         match self {
-            Self::Fold(name, fold) => fold
-                .write(tx)
-                .map_err(|e| StoreError::in_projector(name, e)),
+            Self::Image(projector, image) => {
+                write_image(tx, image).map_err(|e| StoreError::in_projector(projector.name(), e))
+            }
             Self::Apply(_) => Ok(()),
         }
     }
+}
+
+/// Writes an image's rows into its (reset) tables, one prepared insert per table.
+fn write_image(tx: &rusqlite::Transaction<'_>, image: Image) -> Result<(), StoreError> {
+    for table in image.into_tables() {
+        let columns = table.columns();
+        let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
+        let mut insert = tx.prepare(&format!(
+            "INSERT INTO {} ({}) VALUES ({})",
+            table.name,
+            columns.join(", "),
+            placeholders.join(", ")
+        ))?;
+        table.write_rows(|row| {
+            insert.execute(rusqlite::params_from_iter(
+                row.iter().map(|value| Cell::new(value, 0, 0)),
+            ))?;
+            Ok(())
+        })?;
+    }
+    Ok(())
 }
 
 /// Replays the events with `after < position <= head` into `steps`, a bounded range of
@@ -132,9 +153,17 @@ fn replay(
             let mut recorded = None;
             for step in steps.iter_mut() {
                 match step {
-                    Step::Fold(name, fold) => fold
-                        .fold(&event, &mut decoded)
-                        .map_err(|e| StoreError::in_projector(name, e))?,
+                    Step::Image(projector, image) => {
+                        let Some(rows) = projector.rows() else {
+                            continue;
+                        };
+                        if !wants(rows.aggregate_types(), event.aggregate_type) {
+                            continue;
+                        }
+                        rows.changes(&EventView::of_replay(&event), &mut decoded)
+                            .and_then(|changes| image.apply(changes, event.position))
+                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
+                    }
                     Step::Apply(projector) => {
                         if !wants(projector.aggregate_types(), event.aggregate_type) {
                             continue;
