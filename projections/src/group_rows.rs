@@ -8,9 +8,8 @@ use sqlx::Row;
 use wharf_store::event::from_micros;
 use wharf_store::{GroupFiguresRow, InstanceRecord, PgStore, StoreError};
 
-use crate::listing::{MemberKeys, PageRows, Snapshot};
+use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
 use crate::views::{EffectiveRow, WaitingRow};
-use crate::CarriedFigures;
 
 /// The one-group statement with `$figures` after the group row's columns, `$join` after its
 /// `FROM`, and `$nulls` after each member row's columns: one text for the read with the

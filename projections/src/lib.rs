@@ -41,8 +41,7 @@ use std::sync::Arc;
 use listing::{MemberKeys, MAX_PAGE};
 use wharf_domain::GroupName;
 use wharf_store::{
-    GroupFiguresRow, PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store,
-    StoreError,
+    PgProjector, Progress, RebuildMode, RebuildReport, SqliteProjector, Store, StoreError,
 };
 
 pub use audit::{HistoryEntry, HistoryPage, HistoryQuery};
@@ -50,7 +49,7 @@ pub use cursor::{GroupCursor, InstanceCursor, WaiterCursor};
 pub use declaration::{DeclarerAttempts, EffectiveBindings};
 pub use error::ProjectionError;
 pub use lease::{session_leases, LeaseRow, SessionLeases};
-pub use listing::{GroupPage, GroupQuery, MemberQuery};
+pub use listing::{CarriedFigures, GroupPage, GroupQuery, MemberQuery};
 pub use open_waits::OpenWaitRows;
 pub use prune::{prune, PruneOptions, PruneReport};
 pub use session::ManagedSessions;
@@ -103,18 +102,6 @@ pub struct ProjectionLag {
     pub projector: &'static str,
     /// Events in the log after its checkpoint.
     pub behind: i64,
-}
-
-/// What a listing read found of its groups' queue figures: one group's (ADR 0071) or a
-/// page's (ADR 0072).
-#[derive(Debug, Clone, PartialEq)]
-pub enum CarriedFigures {
-    /// Read by the same statement (Postgres): each group's figures, by name, in the read's
-    /// order; a group without a queue row is left out.
-    Read(Vec<(String, GroupFiguresRow)>),
-    /// Not read (SQLite, where a second read costs no round trip, or a read that did not ask
-    /// for them): ask the queue.
-    NotRead,
 }
 
 /// The read model over a store: listing, audit, catch-up, rebuild, prune.

@@ -202,3 +202,15 @@ fn cut(mut view: GroupView, members: u32) -> GroupView {
     }
     view
 }
+
+/// What a listing read found of its groups' queue figures: one group's (ADR 0071) or a
+/// page's (ADR 0072).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CarriedFigures {
+    /// Read by the same statement (Postgres): each group's figures, by name, in the read's
+    /// order; a group without a queue row is left out.
+    Read(Vec<(String, wharf_store::GroupFiguresRow)>),
+    /// Not read (SQLite, where a second read costs no round trip, or a read that did not ask
+    /// for them): ask the queue.
+    NotRead,
+}

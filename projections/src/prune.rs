@@ -62,10 +62,9 @@ mod tests {
     #[tokio::test]
     async fn a_retention_beyond_the_clock_prunes_nothing_instead_of_failing() {
         let dir = tempfile::tempdir().unwrap();
-        let sqlite =
-            wharf_store::SqliteStore::open(dir.path().join("w.db"), crate::sqlite_inline())
-                .await
-                .unwrap();
+        let sqlite = wharf_store::SqliteStore::open(dir.path().join("w.db"), Vec::new())
+            .await
+            .unwrap();
         sqlite.migrate().await.unwrap();
         let report = prune(
             &Store::Sqlite(sqlite),
