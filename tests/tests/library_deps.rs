@@ -54,6 +54,9 @@ fn the_check_sees_the_server_crates_where_they_are() {
     // The same question of the server must find them, or the check above proves nothing.
     let tree = normal_tree("wharf-server");
     for expected in ["clap", "figment", "mimalloc", "wharf-sessions", "wharf"] {
-        assert!(tree.iter().any(|name| name == expected), "{expected} in {tree:?}");
+        assert!(
+            tree.iter().any(|name| name == expected),
+            "{expected} in {tree:?}"
+        );
     }
 }
