@@ -18,24 +18,38 @@ use wharf_store::projector::{
 use wharf_store::rebuild::Decoded;
 use wharf_store::StoreError;
 
+/// A declaration event with the values every declaration projector's rows name, built once
+/// per event: the projectors share them (a [`Value`]'s text is shared, not copied).
+pub(crate) struct Declared {
+    pub(crate) event: DeclarationEvent,
+    pub(crate) group: Value,
+    pub(crate) declarer: Value,
+    /// The attempt's set.
+    pub(crate) set: Value,
+}
+
 /// The event's declaration, decoded once for every projector of the event (`None` for other
 /// aggregates).
 pub(crate) fn declaration<'d>(
     event: &EventView<'_>,
     decoded: &'d mut Decoded,
-) -> Result<Option<&'d DeclarationEvent>, StoreError> {
+) -> Result<Option<&'d Declared>, StoreError> {
     if event.aggregate_type != AGGREGATE_TYPE {
         return Ok(None);
     }
-    event.decode(decoded).map(Some)
-}
-
-pub(crate) fn text(text: &str) -> Value {
-    Value::Text(text.to_owned())
-}
-
-pub(crate) fn patterns(set: &BindingSet) -> Value {
-    Value::TextList(set.patterns())
+    event
+        .decode_with(decoded, |_, payload| {
+            serde_json::from_str::<DeclarationEvent>(payload).map(|event| {
+                let attempt = event.attempt();
+                Declared {
+                    group: Value::text(attempt.group.as_str()),
+                    declarer: Value::text(attempt.declarer.as_str()),
+                    set: Value::list(attempt.patterns.patterns()),
+                    event,
+                }
+            })
+        })
+        .map(Some)
 }
 
 /// Inline projector of `effective_declaration`, each group's installed set (the `binding` view
@@ -78,21 +92,24 @@ impl RowProjector for EffectiveBindings {
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError> {
-        let Some(DeclarationEvent::Installed { attempt, previous }) = declaration(event, decoded)?
-        else {
-            return Ok(Vec::new());
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError> {
+        let Some(declared) = declaration(event, decoded)? else {
+            return Ok(());
         };
-        Ok(vec![RowChange::Upsert {
+        let DeclarationEvent::Installed { attempt, previous } = &declared.event else {
+            return Ok(());
+        };
+        changes.push(RowChange::Upsert {
             table: "effective_declaration",
             key: &["group_name"],
             columns: EFFECTIVE_COLUMNS,
             values: vec![
-                text(attempt.group.as_str()),
-                text(attempt.topic.as_str()),
-                text(attempt.declarer.as_str()),
-                text(attempt.version.as_str()),
-                patterns(&attempt.patterns),
+                declared.group.clone(),
+                Value::text(attempt.topic.as_str()),
+                declared.declarer.clone(),
+                Value::text(attempt.version.as_str()),
+                declared.set.clone(),
                 Value::list_or_null(previous.as_ref().map(BindingSet::patterns)),
                 Value::Time(attempt.declared_at),
                 Value::Time(attempt.attempt_at),
@@ -103,7 +120,8 @@ impl RowProjector for EffectiveBindings {
                 counter: Some("installs"),
                 if_greater: None,
             },
-        }])
+        });
+        Ok(())
     }
 }
 
@@ -152,19 +170,18 @@ impl RowProjector for DeclarerAttempts {
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError> {
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError> {
         let Some(declared) = declaration(event, decoded)? else {
-            return Ok(Vec::new());
+            return Ok(());
         };
-        let (attempt, status, incumbent) = match declared {
+        let (attempt, status, incumbent) = match &declared.event {
             DeclarationEvent::Installed { attempt, .. } => (attempt, "installed", None),
             DeclarationEvent::Waiting {
                 attempt, incumbent, ..
             } => (attempt, "waiting", Some(incumbent)),
         };
-        let group = text(attempt.group.as_str());
-        let declarer = text(attempt.declarer.as_str());
-        let set = patterns(&attempt.patterns);
+        let (group, declarer, set) = (&declared.group, &declared.declarer, &declared.set);
         let recorded = RowChange::Upsert {
             table: "declarer_attempt",
             key: ATTEMPT_KEY,
@@ -173,7 +190,7 @@ impl RowProjector for DeclarerAttempts {
                 group.clone(),
                 declarer.clone(),
                 Value::Const(status),
-                text(attempt.version.as_str()),
+                Value::text(attempt.version.as_str()),
                 set.clone(),
                 Value::list_or_null(incumbent.map(BindingSet::patterns)),
                 Value::Time(attempt.declared_at),
@@ -191,10 +208,11 @@ impl RowProjector for DeclarerAttempts {
                 table: "waiting_group",
                 key: WAITING_GROUP_KEY,
                 columns: &[],
-                values: vec![group],
+                values: vec![group.clone()],
                 on_conflict: OnConflict::Nothing,
             };
-            return Ok(vec![recorded, named]);
+            changes.extend([recorded, named]);
+            return Ok(());
         }
         let waiting = || Test::Eq("status", Value::Const("waiting"));
         let resolved = RowChange::UpdateWhere {
@@ -214,14 +232,15 @@ impl RowProjector for DeclarerAttempts {
             values: vec![group.clone()],
             unless: Exists {
                 table: "declarer_attempt",
-                within: ("group_name", group),
+                within: ("group_name", group.clone()),
                 tests: vec![
                     waiting(),
-                    Test::Ne("declarer", declarer),
-                    Test::Ne("patterns", set),
+                    Test::Ne("declarer", declarer.clone()),
+                    Test::Ne("patterns", set.clone()),
                 ],
             },
         };
-        Ok(vec![recorded, resolved, unnamed])
+        changes.extend([recorded, resolved, unnamed]);
+        Ok(())
     }
 }

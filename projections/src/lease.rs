@@ -56,12 +56,13 @@ impl RowProjector for SessionLeases {
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError> {
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError> {
         if event.aggregate_type != LEASE_AGGREGATE {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let decoded = event.decode_with(decoded, LeaseEvent::decode)?;
-        let session = Value::Text(event.aggregate_id.to_owned());
+        let session = Value::text(event.aggregate_id);
         let sequence = Value::Int(event.sequence);
         let change = match decoded {
             LeaseEvent::Acquired {
@@ -82,7 +83,7 @@ impl RowProjector for SessionLeases {
                 ],
                 values: vec![
                     session,
-                    Value::Text(holder.as_str().to_owned()),
+                    Value::text(holder.as_str()),
                     Value::Int(token_column(*token)?),
                     Value::Int(ttl_column(*ttl_ms)?),
                     Value::Time(*expires_at),
@@ -129,7 +130,8 @@ impl RowProjector for SessionLeases {
                 },
             },
         };
-        Ok(vec![change])
+        changes.push(change);
+        Ok(())
     }
 }
 

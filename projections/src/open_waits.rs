@@ -14,7 +14,7 @@ use wharf_store::projector::{Column, EventView, OnConflict, RowChange, RowProjec
 use wharf_store::rebuild::Decoded;
 use wharf_store::StoreError;
 
-use crate::declaration::{declaration, patterns, text};
+use crate::declaration::declaration;
 
 /// Inline projector of `open_wait`.
 pub struct OpenWaitRows;
@@ -44,32 +44,35 @@ impl RowProjector for OpenWaitRows {
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError> {
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError> {
         let Some(declared) = declaration(event, decoded)? else {
-            return Ok(Vec::new());
+            return Ok(());
         };
-        let change = match declared {
+        let (group, declarer, set) = (&declared.group, &declared.declarer, &declared.set);
+        let change = match &declared.event {
             DeclarationEvent::Waiting { attempt, .. } => RowChange::Upsert {
                 table: "open_wait",
                 key: OPEN_WAIT_KEY,
                 columns: &["patterns", "declared_at"],
                 values: vec![
-                    text(attempt.group.as_str()),
-                    text(attempt.declarer.as_str()),
-                    patterns(&attempt.patterns),
+                    group.clone(),
+                    declarer.clone(),
+                    set.clone(),
                     Value::Time(attempt.declared_at),
                 ],
                 on_conflict: OnConflict::SET,
             },
-            DeclarationEvent::Installed { attempt, .. } => RowChange::DeleteWhere {
+            DeclarationEvent::Installed { .. } => RowChange::DeleteWhere {
                 table: "open_wait",
-                within: ("group_name", text(attempt.group.as_str())),
+                within: ("group_name", group.clone()),
                 tests: vec![Test::Any(vec![
-                    Test::Eq("declarer", text(attempt.declarer.as_str())),
-                    Test::Eq("patterns", patterns(&attempt.patterns)),
+                    Test::Eq("declarer", declarer.clone()),
+                    Test::Eq("patterns", set.clone()),
                 ])],
             },
         };
-        Ok(vec![change])
+        changes.push(change);
+        Ok(())
     }
 }

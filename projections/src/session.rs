@@ -88,19 +88,21 @@ impl RowProjector for ManagedSessions {
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError> {
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError> {
         if event.aggregate_type != MANAGED_SESSION_AGGREGATE {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let decoded = event.decode_with(decoded, ManagedFilterEvent::decode)?;
-        let session = || Value::Text(event.aggregate_id.to_owned());
-        let changes = match decoded {
+        let session = Value::text(event.aggregate_id);
+        let session = || session.clone();
+        let stated = match decoded {
             ManagedFilterEvent::BaselineSeeded { filters, source } => vec![
                 RowChange::Upsert {
                     table: "managed_session",
                     key: SESSION_KEY,
                     columns: &["baseline_source", "last_position"],
-                    values: vec![session(), Value::Text(source.clone()), Value::Position],
+                    values: vec![session(), Value::text(source), Value::Position],
                     on_conflict: OnConflict::Update {
                         keep: &["baseline_source"],
                         counter: None,
@@ -183,11 +185,12 @@ impl RowProjector for ManagedSessions {
                 touched(session()),
             ],
             ManagedFilterEvent::MigrationRequired { reason, .. } => {
-                vec![migration(session(), Value::Text(reason.clone()))]
+                vec![migration(session(), Value::text(reason))]
             }
             ManagedFilterEvent::MigrationResolved { .. } => vec![migration(session(), Value::Null)],
         };
-        Ok(changes)
+        changes.extend(stated);
+        Ok(())
     }
 }
 

@@ -13,6 +13,8 @@
 //! [`PgProjector`]; a projector that writes by hand implements those two instead, and a
 //! rebuild applies it event by event.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
@@ -171,14 +173,16 @@ pub trait RowProjector: Send + Sync {
     /// The aggregate types whose events change anything, or `None` for "any": the others are
     /// not handed to [`changes`](Self::changes) at all.
     fn aggregate_types(&self) -> Option<&'static [&'static str]>;
-    /// What `event` does to the projector's tables, in order (nothing, for an event it
-    /// ignores). `decoded` is the event's scratch, shared with the other projectors of the
-    /// same event, so its payload is decoded once ([`EventView::decode`]).
+    /// Appends to `changes` what `event` does to the projector's tables, in order (nothing,
+    /// for an event it ignores). `decoded` is the event's scratch, shared with the other
+    /// projectors of the same event, so its payload is decoded once ([`EventView::decode`]);
+    /// `changes` is the caller's, so a rebuild reuses one buffer for the whole log.
     fn changes(
         &self,
         event: &EventView<'_>,
         decoded: &mut Decoded,
-    ) -> Result<Vec<RowChange>, StoreError>;
+        changes: &mut Vec<RowChange>,
+    ) -> Result<(), StoreError>;
 }
 
 /// An event as a [`RowProjector`] reads it: the payload is its JSON text. The event's position
@@ -265,8 +269,9 @@ pub type Column = &'static str;
 pub enum Value {
     /// SQL `NULL` (written as the literal).
     Null,
-    /// Text.
-    Text(String),
+    /// Text (shared: a projector that names the same text in several changes clones it for
+    /// nothing).
+    Text(Arc<str>),
     /// Text the projector names as a constant (a state, a status): written as a literal, so
     /// that a partial index whose predicate names it can serve the statement. Equal to the
     /// same [`Value::Text`] in a condition.
@@ -275,8 +280,8 @@ pub enum Value {
     Int(i64),
     /// A time: Postgres `TIMESTAMPTZ`, SQLite microseconds since the epoch.
     Time(DateTime<Utc>),
-    /// A list of text: Postgres `TEXT[]`, SQLite the text of a JSON array.
-    TextList(Vec<String>),
+    /// A list of text: Postgres `TEXT[]`, SQLite the text of a JSON array (shared, as text is).
+    TextList(Arc<[String]>),
     /// The event's own position (on Postgres, the inserted row's, known inside the statement).
     Position,
     /// One text per row of a change over many rows.
@@ -295,14 +300,19 @@ impl Value {
         }
     }
 
-    /// Text, or `NULL` for `None`.
-    pub fn text_or_null(text: Option<String>) -> Self {
-        text.map_or(Self::Null, Self::Text)
+    /// Text.
+    pub fn text(text: &str) -> Self {
+        Self::Text(text.into())
+    }
+
+    /// A list of text.
+    pub fn list(list: Vec<String>) -> Self {
+        Self::TextList(list.into())
     }
 
     /// A list of text, or `NULL` for `None`.
     pub fn list_or_null(list: Option<Vec<String>>) -> Self {
-        list.map_or(Self::Null, Self::TextList)
+        list.map_or(Self::Null, Self::list)
     }
 }
 
@@ -727,7 +737,7 @@ mod tests {
             key: &["k"],
             columns: &["a", "b", "position"],
             values: vec![
-                Value::Text("x".into()),
+                Value::text("x"),
                 Value::Const("it's"),
                 Value::Null,
                 Value::Position,
@@ -751,14 +761,14 @@ mod tests {
         let change = RowChange::DeleteUnless {
             table: "w",
             key: &["g"],
-            values: vec![Value::Text("g".into())],
+            values: vec![Value::text("g")],
             unless: Exists {
                 table: "a",
-                within: ("g", Value::Text("g".into())),
+                within: ("g", Value::text("g")),
                 tests: vec![
                     Test::Eq("s", Value::Const("waiting")),
                     Test::Any(vec![
-                        Test::Ne("d", Value::Text("d".into())),
+                        Test::Ne("d", Value::text("d")),
                         Test::Eq("x", Value::Null),
                     ]),
                 ],

@@ -156,7 +156,8 @@ fn render_rows(
     if !wants(rows.aggregate_types(), event.aggregate_type) {
         return Ok(());
     }
-    let changes = rows.changes(&EventView::of(event), decoded)?;
+    let mut changes = Vec::new();
+    rows.changes(&EventView::of(event), decoded, &mut changes)?;
     render_changes(statement, &changes, position)
 }
 
@@ -248,10 +249,10 @@ fn place(
         Value::Null => Ok("NULL".to_owned()),
         Value::Const(text) => Ok(literal(text)),
         Value::Position => Ok(position.to_owned()),
-        Value::Text(text) => statement.bind(text.as_str()),
+        Value::Text(text) => statement.bind(&**text),
         Value::Int(n) => statement.bind(*n),
         Value::Time(at) => statement.bind(*at),
-        Value::TextList(list) => statement.bind(list.as_slice()),
+        Value::TextList(list) => statement.bind(&list[..]),
         Value::EachText(list) => statement.bind(list.as_slice()),
         Value::EachInt(list) => statement.bind(list.as_slice()),
     }

@@ -11,7 +11,7 @@ use super::events::{
 };
 use super::PgStore;
 use crate::error::StoreError;
-use crate::projector::{EventView, PgProjector, Value};
+use crate::projector::{EventView, PgProjector, RowChange, Value};
 use crate::rebuild::{
     snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, ReplayTarget,
     TableDifference, REBUILD_PAGE,
@@ -128,8 +128,9 @@ impl PgStore {
 
 /// How one projector takes part in a replay.
 enum Step {
-    /// A row projector: its changes folded into an image of its tables, written at the end.
-    Image(Arc<dyn PgProjector>, Image),
+    /// A row projector: its changes folded into an image of its tables, written at the end
+    /// (the buffer of an event's changes is reused from one event to the next).
+    Image(Arc<dyn PgProjector>, Image, Vec<RowChange>),
     /// Applied event by event.
     Apply(Arc<dyn PgProjector>),
 }
@@ -137,14 +138,14 @@ enum Step {
 impl Step {
     fn of(projector: &Arc<dyn PgProjector>) -> Self {
         match projector.rows() {
-            Some(_) => Self::Image(projector.clone(), Image::default()),
+            Some(_) => Self::Image(projector.clone(), Image::default(), Vec::new()),
             None => Self::Apply(projector.clone()),
         }
     }
 
     async fn write(self, conn: &mut PgConnection, target: ReplayTarget) -> Result<(), StoreError> {
         match self {
-            Self::Image(projector, image) => write_image(conn, image, target)
+            Self::Image(projector, image, _) => write_image(conn, image, target)
                 .await
                 .map_err(|e| StoreError::in_projector(projector.name(), e)),
             Self::Apply(_) => Ok(()),
@@ -302,15 +303,15 @@ async fn replay(
             let mut recorded = None;
             for step in steps.iter_mut() {
                 match step {
-                    Step::Image(projector, image) => {
+                    Step::Image(projector, image, changes) => {
                         let Some(rows) = projector.rows() else {
                             continue;
                         };
                         if !wants(rows.aggregate_types(), event.aggregate_type) {
                             continue;
                         }
-                        rows.changes(&EventView::of_replay(&event), &mut decoded)
-                            .and_then(|changes| image.apply(changes, event.position))
+                        rows.changes(&EventView::of_replay(&event), &mut decoded, changes)
+                            .and_then(|()| image.apply(changes, event.position))
                             .map_err(|e| StoreError::in_projector(projector.name(), e))?;
                     }
                     Step::Apply(projector) => {

@@ -92,7 +92,8 @@ fn apply_rows(
     if !wants(rows.aggregate_types(), &event.aggregate_type) {
         return Ok(());
     }
-    let changes = rows.changes(&EventView::of(&event.as_ref()), decoded)?;
+    let mut changes = Vec::new();
+    rows.changes(&EventView::of(&event.as_ref()), decoded, &mut changes)?;
     execute_changes(tx, &changes, event.position)
 }
 

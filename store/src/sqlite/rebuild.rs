@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx, Cell};
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::projector::{EventView, SqliteProjector};
+use crate::projector::{EventView, RowChange, SqliteProjector};
 use crate::rebuild::{
     snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, TableDifference,
     REBUILD_PAGE,
@@ -89,8 +89,9 @@ impl SqliteStore {
 
 /// How one projector takes part in a replay.
 enum Step {
-    /// A row projector: its changes folded into an image of its tables, written at the end.
-    Image(Arc<dyn SqliteProjector>, Image),
+    /// A row projector: its changes folded into an image of its tables, written at the end
+    /// (the buffer of an event's changes is reused from one event to the next).
+    Image(Arc<dyn SqliteProjector>, Image, Vec<RowChange>),
     /// Applied event by event.
     Apply(Arc<dyn SqliteProjector>),
 }
@@ -98,14 +99,14 @@ enum Step {
 impl Step {
     fn of(projector: &Arc<dyn SqliteProjector>) -> Self {
         match projector.rows() {
-            Some(_) => Self::Image(projector.clone(), Image::default()),
+            Some(_) => Self::Image(projector.clone(), Image::default(), Vec::new()),
             None => Self::Apply(projector.clone()),
         }
     }
 
     fn write(self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
         match self {
-            Self::Image(projector, image) => {
+            Self::Image(projector, image, _) => {
                 write_image(tx, image).map_err(|e| StoreError::in_projector(projector.name(), e))
             }
             Self::Apply(_) => Ok(()),
@@ -153,15 +154,15 @@ fn replay(
             let mut recorded = None;
             for step in steps.iter_mut() {
                 match step {
-                    Step::Image(projector, image) => {
+                    Step::Image(projector, image, changes) => {
                         let Some(rows) = projector.rows() else {
                             continue;
                         };
                         if !wants(rows.aggregate_types(), event.aggregate_type) {
                             continue;
                         }
-                        rows.changes(&EventView::of_replay(&event), &mut decoded)
-                            .and_then(|changes| image.apply(changes, event.position))
+                        rows.changes(&EventView::of_replay(&event), &mut decoded, changes)
+                            .and_then(|()| image.apply(changes, event.position))
                             .map_err(|e| StoreError::in_projector(projector.name(), e))?;
                     }
                     Step::Apply(projector) => {
