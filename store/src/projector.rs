@@ -515,18 +515,37 @@ impl RowChange {
 
 /// Text as a SQL string literal.
 pub(crate) fn literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    let mut sql = String::with_capacity(text.len() + 2);
+    push_literal(&mut sql, text);
+    sql
 }
 
-/// The SQL of a change of one row (or, on SQLite, of each row of a change over many): `place`
-/// gives each value's SQL (a placeholder it binds, or a literal), called in the order the
-/// values appear in the text.
+/// Appends text as a SQL string literal.
+pub(crate) fn push_literal(sql: &mut String, text: &str) {
+    sql.push('\'');
+    for c in text.chars() {
+        if c == '\'' {
+            sql.push('\'');
+        }
+        sql.push(c);
+    }
+    sql.push('\'');
+}
+
+/// Appends a value's SQL: a placeholder the caller binds, or a literal; called in the order
+/// the values appear in the text.
+pub(crate) type Place<'c, 'p> = dyn FnMut(&'c Value, &mut String) -> Result<(), StoreError> + 'p;
+
+/// The SQL of a change of one row (or, on SQLite, of each row of a change over many), written
+/// into one buffer (a statement a register sends is built per event: a few thousand
+/// instructions, not the tens of thousands small strings joined took).
 pub(crate) fn row_sql<'c>(
     change: &'c RowChange,
-    place: &mut dyn FnMut(&'c Value) -> Result<String, StoreError>,
+    place: &mut Place<'c, '_>,
 ) -> Result<String, StoreError> {
     change.check_width()?;
-    let sql = match change {
+    let mut sql = String::with_capacity(320);
+    match change {
         RowChange::Upsert {
             table,
             key,
@@ -534,25 +553,38 @@ pub(crate) fn row_sql<'c>(
             values,
             on_conflict,
         } => {
-            let mut names: Vec<&str> = key.iter().chain(columns.iter()).copied().collect();
-            let mut placed = values
-                .iter()
-                .map(&mut *place)
-                .collect::<Result<Vec<_>, _>>()?;
-            if let OnConflict::Update {
-                counter: Some(counter),
-                ..
-            } = on_conflict
-            {
-                names.push(counter);
-                placed.push("1".to_owned());
+            sql.push_str("INSERT INTO ");
+            sql.push_str(table);
+            sql.push_str(" (");
+            list(
+                &mut sql,
+                key.iter().chain(columns.iter()),
+                ", ",
+                |sql, c| sql.push_str(c),
+            );
+            let counter = match on_conflict {
+                OnConflict::Update {
+                    counter: Some(counter),
+                    ..
+                } => Some(*counter),
+                _ => None,
+            };
+            if let Some(counter) = counter {
+                sql.push_str(", ");
+                sql.push_str(counter);
             }
-            format!(
-                "INSERT INTO {table} ({}) VALUES ({}){}",
-                names.join(", "),
-                placed.join(", "),
-                on_conflict_sql(table, key, columns, on_conflict)
-            )
+            sql.push_str(") VALUES (");
+            for (i, value) in values.iter().enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                place(value, &mut sql)?;
+            }
+            if counter.is_some() {
+                sql.push_str(", 1");
+            }
+            sql.push(')');
+            on_conflict_sql(&mut sql, table, key, columns, on_conflict);
         }
         RowChange::Update {
             table,
@@ -560,23 +592,19 @@ pub(crate) fn row_sql<'c>(
             columns,
             values,
         } => {
-            let placed = values
-                .iter()
-                .map(&mut *place)
-                .collect::<Result<Vec<_>, _>>()?;
-            let (by_key, set) = placed.split_at(key.len());
-            format!(
-                "UPDATE {table} SET {} WHERE {}",
-                assignments(columns, set),
-                equalities("", key, by_key)
-            )
+            let (by_key, set) = values.split_at(key.len());
+            sql.push_str("UPDATE ");
+            sql.push_str(table);
+            sql.push_str(" SET ");
+            assignments(&mut sql, columns, set, place)?;
+            sql.push_str(" WHERE ");
+            equalities(&mut sql, "", key, by_key, place)?;
         }
         RowChange::Delete { table, key, values } => {
-            let placed = values
-                .iter()
-                .map(&mut *place)
-                .collect::<Result<Vec<_>, _>>()?;
-            format!("DELETE FROM {table} WHERE {}", equalities("", key, &placed))
+            sql.push_str("DELETE FROM ");
+            sql.push_str(table);
+            sql.push_str(" WHERE ");
+            equalities(&mut sql, "", key, values, place)?;
         }
         RowChange::UpdateWhere {
             table,
@@ -585,148 +613,216 @@ pub(crate) fn row_sql<'c>(
             columns,
             values,
         } => {
-            let set = values
-                .iter()
-                .map(&mut *place)
-                .collect::<Result<Vec<_>, _>>()?;
-            let filter = conditions("", within, tests, place)?;
-            format!(
-                "UPDATE {table} SET {} WHERE {filter}",
-                assignments(columns, &set)
-            )
+            sql.push_str("UPDATE ");
+            sql.push_str(table);
+            sql.push_str(" SET ");
+            assignments(&mut sql, columns, values, place)?;
+            sql.push_str(" WHERE ");
+            conditions(&mut sql, "", within, tests, place)?;
         }
         RowChange::DeleteWhere {
             table,
             within,
             tests,
-        } => format!(
-            "DELETE FROM {table} WHERE {}",
-            conditions("", within, tests, place)?
-        ),
+        } => {
+            sql.push_str("DELETE FROM ");
+            sql.push_str(table);
+            sql.push_str(" WHERE ");
+            conditions(&mut sql, "", within, tests, place)?;
+        }
         RowChange::DeleteUnless {
             table,
             key,
             values,
             unless,
         } => {
-            let placed = values
-                .iter()
-                .map(&mut *place)
-                .collect::<Result<Vec<_>, _>>()?;
-            let found = conditions("a.", &unless.within, &unless.tests, place)?;
-            format!(
-                "DELETE FROM {table} WHERE {} AND NOT EXISTS (SELECT 1 FROM {} a WHERE {found})",
-                equalities("", key, &placed),
-                unless.table
-            )
+            sql.push_str("DELETE FROM ");
+            sql.push_str(table);
+            sql.push_str(" WHERE ");
+            equalities(&mut sql, "", key, values, place)?;
+            sql.push_str(" AND NOT EXISTS (SELECT 1 FROM ");
+            sql.push_str(unless.table);
+            sql.push_str(" a WHERE ");
+            conditions(&mut sql, "a.", &unless.within, &unless.tests, place)?;
+            sql.push(')');
         }
-    };
+    }
     Ok(sql)
 }
 
-/// ` ON CONFLICT (key) DO ...` of an upsert.
+/// Appends the items, separated.
+fn list<T>(
+    sql: &mut String,
+    items: impl IntoIterator<Item = T>,
+    separator: &str,
+    mut each: impl FnMut(&mut String, T),
+) {
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            sql.push_str(separator);
+        }
+        each(sql, item);
+    }
+}
+
+/// Appends ` ON CONFLICT (key) DO ...` of an upsert.
 pub(crate) fn on_conflict_sql(
+    sql: &mut String,
     table: &str,
     key: &[Column],
     columns: &[Column],
     on_conflict: &OnConflict,
-) -> String {
-    let target = key.join(", ");
-    let OnConflict::Update {
-        keep,
-        counter,
-        if_greater,
-    } = on_conflict
-    else {
-        return format!(" ON CONFLICT ({target}) DO NOTHING");
+) {
+    sql.push_str(" ON CONFLICT (");
+    list(sql, key, ", ", |sql, c| sql.push_str(c));
+    sql.push(')');
+    let (keep, counter, if_greater) = match on_conflict {
+        OnConflict::Update {
+            keep,
+            counter,
+            if_greater,
+        } if counter.is_some() || columns.iter().any(|c| !keep.contains(c)) => {
+            (*keep, *counter, *if_greater)
+        }
+        _ => {
+            sql.push_str(" DO NOTHING");
+            return;
+        }
     };
-    let mut set: Vec<String> = columns
-        .iter()
-        .filter(|c| !keep.contains(c))
-        .map(|c| format!("{c} = excluded.{c}"))
-        .collect();
+    sql.push_str(" DO UPDATE SET ");
+    let set = columns.iter().filter(|c| !keep.contains(c));
+    list(sql, set, ", ", |sql, c| {
+        sql.push_str(c);
+        sql.push_str(" = excluded.");
+        sql.push_str(c);
+    });
     if let Some(counter) = counter {
-        set.push(format!("{counter} = {table}.{counter} + 1"));
+        if columns.iter().any(|c| !keep.contains(c)) {
+            sql.push_str(", ");
+        }
+        sql.push_str(counter);
+        sql.push_str(" = ");
+        sql.push_str(table);
+        sql.push('.');
+        sql.push_str(counter);
+        sql.push_str(" + 1");
     }
-    if set.is_empty() {
-        return format!(" ON CONFLICT ({target}) DO NOTHING");
+    if let Some(column) = if_greater {
+        sql.push_str(" WHERE excluded.");
+        sql.push_str(column);
+        sql.push_str(" > ");
+        sql.push_str(table);
+        sql.push('.');
+        sql.push_str(column);
     }
-    let guard = if_greater
-        .map(|c| format!(" WHERE excluded.{c} > {table}.{c}"))
-        .unwrap_or_default();
-    format!(
-        " ON CONFLICT ({target}) DO UPDATE SET {}{guard}",
-        set.join(", ")
-    )
 }
 
-fn assignments(columns: &[Column], placed: &[String]) -> String {
-    columns
-        .iter()
-        .zip(placed)
-        .map(|(c, p)| format!("{c} = {p}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+fn assignments<'c>(
+    sql: &mut String,
+    columns: &[Column],
+    values: &'c [Value],
+    place: &mut Place<'c, '_>,
+) -> Result<(), StoreError> {
+    for (i, (column, value)) in columns.iter().zip(values).enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(column);
+        sql.push_str(" = ");
+        place(value, sql)?;
+    }
+    Ok(())
 }
 
-fn equalities(alias: &str, key: &[Column], placed: &[String]) -> String {
-    key.iter()
-        .zip(placed)
-        .map(|(c, p)| format!("{alias}{c} = {p}"))
-        .collect::<Vec<_>>()
-        .join(" AND ")
+fn equalities<'c>(
+    sql: &mut String,
+    alias: &str,
+    key: &[Column],
+    values: &'c [Value],
+    place: &mut Place<'c, '_>,
+) -> Result<(), StoreError> {
+    for (i, (column, value)) in key.iter().zip(values).enumerate() {
+        if i > 0 {
+            sql.push_str(" AND ");
+        }
+        sql.push_str(alias);
+        sql.push_str(column);
+        sql.push_str(" = ");
+        place(value, sql)?;
+    }
+    Ok(())
 }
 
-/// `within` and the tests, joined by `AND`, the columns prefixed by `alias`.
+/// Appends `within` and the tests, joined by `AND`, the columns prefixed by `alias`.
 fn conditions<'c>(
+    sql: &mut String,
     alias: &str,
     within: &'c (Column, Value),
     tests: &'c [Test],
-    place: &mut dyn FnMut(&'c Value) -> Result<String, StoreError>,
-) -> Result<String, StoreError> {
-    let mut parts = vec![format!("{alias}{} = {}", within.0, place(&within.1)?)];
+    place: &mut Place<'c, '_>,
+) -> Result<(), StoreError> {
+    sql.push_str(alias);
+    sql.push_str(within.0);
+    sql.push_str(" = ");
+    place(&within.1, sql)?;
     for test in tests {
-        parts.push(test_sql(alias, test, place)?);
+        sql.push_str(" AND ");
+        test_sql(sql, alias, test, place)?;
     }
-    Ok(parts.join(" AND "))
+    Ok(())
 }
 
 fn test_sql<'c>(
+    sql: &mut String,
     alias: &str,
     test: &'c Test,
-    place: &mut dyn FnMut(&'c Value) -> Result<String, StoreError>,
-) -> Result<String, StoreError> {
-    Ok(match test {
-        Test::Eq(column, Value::Null) => format!("{alias}{column} IS NULL"),
-        Test::Ne(column, Value::Null) => format!("{alias}{column} IS NOT NULL"),
-        Test::Eq(column, value) => format!("{alias}{column} = {}", place(value)?),
-        Test::Ne(column, value) => format!("{alias}{column} <> {}", place(value)?),
-        Test::Any(tests) => {
-            let parts = tests
-                .iter()
-                .map(|t| test_sql(alias, t, place))
-                .collect::<Result<Vec<_>, _>>()?;
-            format!("({})", parts.join(" OR "))
+    place: &mut Place<'c, '_>,
+) -> Result<(), StoreError> {
+    match test {
+        Test::Eq(column, value) | Test::Ne(column, value) => {
+            sql.push_str(alias);
+            sql.push_str(column);
+            let equal = matches!(test, Test::Eq(..));
+            match (value, equal) {
+                (Value::Null, true) => sql.push_str(" IS NULL"),
+                (Value::Null, false) => sql.push_str(" IS NOT NULL"),
+                (value, equal) => {
+                    sql.push_str(if equal { " = " } else { " <> " });
+                    place(value, sql)?;
+                }
+            }
         }
-    })
+        Test::Any(tests) => {
+            sql.push('(');
+            for (i, test) in tests.iter().enumerate() {
+                if i > 0 {
+                    sql.push_str(" OR ");
+                }
+                test_sql(sql, alias, test, place)?;
+            }
+            sql.push(')');
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn placeholders() -> impl FnMut(&Value) -> Result<String, StoreError> {
+    fn placeholders() -> impl FnMut(&Value, &mut String) -> Result<(), StoreError> {
         let mut n = 0;
-        move |value| {
-            Ok(match value {
-                Value::Null => "NULL".to_owned(),
-                Value::Const(text) => literal(text),
-                Value::Position => "pos".to_owned(),
+        move |value, sql| {
+            match value {
+                Value::Null => sql.push_str("NULL"),
+                Value::Const(text) => push_literal(sql, text),
+                Value::Position => sql.push_str("pos"),
                 _ => {
                     n += 1;
-                    format!("${n}")
+                    sql.push_str(&format!("${n}"));
                 }
-            })
+            }
+            Ok(())
         }
     }
 

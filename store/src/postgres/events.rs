@@ -227,7 +227,10 @@ pub(crate) fn render_changes(
     for change in changes {
         let name = statement.next_name(change.table());
         let body = match change.rows()? {
-            None => row_sql(change, &mut |value| place(statement, value, position))?,
+            None => row_sql(change, &mut |value, sql| {
+                sql.push_str(&place(statement, value, position)?);
+                Ok(())
+            })?,
             Some(_) => {
                 render_many(statement, change, position, &name)?;
                 continue;
@@ -342,13 +345,13 @@ fn render_many(
                 if *on_conflict != OnConflict::Nothing {
                     return Err(change.malformed("a counter or a guard on many rows"));
                 }
-                let body = format!(
-                    "INSERT INTO {table} ({}) SELECT {} FROM {}{}",
+                let mut body = format!(
+                    "INSERT INTO {table} ({}) SELECT {} FROM {}",
                     names.join(", "),
                     all("u."),
                     unnest(&placed),
-                    on_conflict_sql(table, key, columns, on_conflict)
                 );
+                on_conflict_sql(&mut body, table, key, columns, on_conflict);
                 statement.cte(name, &body);
                 return Ok(());
             };

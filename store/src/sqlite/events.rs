@@ -10,7 +10,7 @@ use super::SqliteStore;
 use crate::error::StoreError;
 use crate::event::{from_micros, EventQuery, NewEvent, Payload, RecordedEvent};
 use crate::projector::{
-    literal, row_sql, EventView, RowChange, RowProjector, SqliteProjector, Value,
+    push_literal, row_sql, EventView, RowChange, RowProjector, SqliteProjector, Value,
 };
 use crate::rebuild::{wants, Decoded, RawRow};
 
@@ -130,15 +130,17 @@ pub(crate) fn execute_changes(
 ) -> Result<(), StoreError> {
     for change in changes {
         let mut params: Vec<&Value> = Vec::new();
-        let sql = row_sql(change, &mut |value| {
-            Ok(match value {
-                Value::Null => "NULL".to_owned(),
-                Value::Const(text) => literal(text),
+        let sql = row_sql(change, &mut |value, sql| {
+            match value {
+                Value::Null => sql.push_str("NULL"),
+                Value::Const(text) => push_literal(sql, text),
                 other => {
                     params.push(other);
-                    format!("?{}", params.len())
+                    sql.push('?');
+                    sql.push_str(&params.len().to_string());
                 }
-            })
+            }
+            Ok(())
         })?;
         let mut statement = tx.prepare_cached(&sql)?;
         for row in 0..change.rows()?.unwrap_or(1) {
