@@ -31,24 +31,6 @@ pub enum QueueError {
     Store(#[from] StoreError),
 }
 
-impl QueueError {
-    /// `Fenced` when `fence` is set and `current` (the group's install now) differs from it.
-    pub(crate) fn check_fence(
-        group: &str,
-        fence: Option<i64>,
-        current: Option<i64>,
-    ) -> Result<(), Self> {
-        match fence {
-            Some(joined) if current != Some(joined) => Err(Self::Fenced {
-                group: group.to_owned(),
-                joined,
-                current,
-            }),
-            _ => Ok(()),
-        }
-    }
-}
-
 impl From<rusqlite::Error> for QueueError {
     fn from(e: rusqlite::Error) -> Self {
         Self::Store(e.into())

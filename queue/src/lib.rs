@@ -13,13 +13,16 @@
 //! Architecture invariant: the queue never decides bindings; it reads the effective binding rows
 //! the declaration transaction wrote, and matches with `wharf-domain`'s trie.
 
+mod backend;
 pub mod error;
+mod fence;
 mod generations;
 mod handler_error;
 mod held;
 mod matchers;
 pub mod message;
 mod postgres;
+mod routing;
 mod sqlite;
 pub mod wakeups;
 
@@ -27,12 +30,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wharf_domain::{GroupName, TopicName, ValidationError};
-use wharf_store::{Finishing, Store};
+use wharf_store::Store;
 
+use backend::{ClaimRequest, OnLocked, QueueBackend};
 use message::ClaimStep;
-use postgres::OnLocked;
 
 pub use error::QueueError;
+pub use fence::InstallFence;
 pub use handler_error::{HandlerError, HandlerResultExt};
 pub use held::HeldConnection;
 pub use message::{
@@ -47,7 +51,7 @@ pub use wakeups::{Wakeups, PUBLISH_CHANNEL};
 pub struct Queue {
     store: Store,
     settings: QueueSettings,
-    matchers: Arc<matchers::Matchers>,
+    backend: Arc<dyn QueueBackend>,
     wakeups: Arc<Wakeups>,
 }
 
@@ -108,10 +112,11 @@ const MAX_CLAIM_ROUNDS: usize = 4;
 impl Queue {
     /// A queue over `store` with `settings`.
     pub fn new(store: Store, settings: QueueSettings) -> Self {
+        let backend = backend::for_store(&store, settings, Arc::default());
         Self {
             store,
             settings,
-            matchers: Arc::default(),
+            backend,
             wakeups: Arc::default(),
         }
     }
@@ -147,10 +152,7 @@ impl Queue {
                 ..e
             })?;
         }
-        let positions = match &self.store {
-            Store::Sqlite(s) => sqlite::publish(s, topic, messages.to_vec()).await,
-            Store::Postgres(s) => postgres::publish(s, topic, messages).await,
-        }?;
+        let positions = self.backend.publish(topic, messages).await?;
         self.wakeups.wake(topic.as_str());
         Ok(positions)
     }
@@ -175,7 +177,7 @@ impl Queue {
     /// only adds write transactions, and takes from the claims the deliveries they would
     /// insert already claimed. On Postgres routing is a step of its own (ADR 0050).
     pub fn routes_in_claims(&self) -> bool {
-        matches!(self.store, Store::Sqlite(_))
+        self.backend.routes_in_claims()
     }
 
     /// Routes one batch of the log for `group`.
@@ -188,7 +190,7 @@ impl Queue {
     pub async fn route_fenced(
         &self,
         group: &GroupName,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
     ) -> Result<RouteReport, QueueError> {
         self.route_step(group, fence, OnLocked::Skip).await
     }
@@ -198,23 +200,11 @@ impl Queue {
     async fn route_step(
         &self,
         group: &GroupName,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
         on_locked: OnLocked,
     ) -> Result<RouteReport, QueueError> {
         let batch = self.settings.route_batch;
-        match &self.store {
-            Store::Sqlite(s) => sqlite::route(s, self.matchers.clone(), group, batch, fence).await,
-            Store::Postgres(s) => {
-                // A step runs to its end even if its caller is dropped meanwhile (a fetch's
-                // deadline): dropped mid-transaction, its connection could be lost to the
-                // pool (ADR 0068). The caller's next steps are not taken.
-                let (store, matchers, group) = (s.clone(), self.matchers.clone(), group.clone());
-                Finishing::new(async move {
-                    postgres::route(&store, &matchers, &group, batch, fence, on_locked).await
-                })
-                .await
-            }
-        }
+        self.backend.route(group, batch, fence, on_locked).await
     }
 
     /// The install in effect for `group` (the ledger position of its `Installed` event and its
@@ -223,10 +213,7 @@ impl Queue {
         &self,
         group: &GroupName,
     ) -> Result<Option<EffectiveInstall>, QueueError> {
-        match &self.store {
-            Store::Sqlite(s) => sqlite::effective_install(s, group).await,
-            Store::Postgres(s) => postgres::effective_install(s, group).await,
-        }
+        self.backend.effective_install(group).await
     }
 
     /// Claims up to `max` claimable messages without routing first. Messages that used their
@@ -256,7 +243,7 @@ impl Queue {
         held: &mut HeldConnection,
         group: &GroupName,
         instance: &str,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
         max: u32,
         acks: Vec<(i64, i64)>,
     ) -> Result<ClaimStep, QueueError> {
@@ -267,23 +254,14 @@ impl Queue {
             let wanted = max - step.claimed.len() as i64;
             // The acks ride on the first claim statement only.
             let acks = acks.take().unwrap_or_default();
-            let mut got = match &self.store {
-                Store::Sqlite(s) => {
-                    let request = sqlite::ClaimRequest {
-                        group: group.clone(),
-                        instance: instance.to_owned(),
-                        max: wanted,
-                        fence,
-                        acks,
-                    };
-                    sqlite::claim(s, &self.matchers, &self.settings, request).await?
-                }
-                Store::Postgres(s) => {
-                    let settings = &self.settings;
-                    postgres::claim(s, held, settings, group, instance, wanted, fence, &acks)
-                        .await?
-                }
+            let request = ClaimRequest {
+                group: group.clone(),
+                instance: instance.to_owned(),
+                max: wanted,
+                fence,
+                acks,
             };
+            let mut got = self.backend.claim(held, request).await?;
             step.claimed.append(&mut got.claimed);
             step.acked.extend(got.acked);
             step.buried += got.buried;
@@ -315,15 +293,15 @@ impl Queue {
             .fetched
     }
 
-    /// Like [`fetch`](Self::fetch) for an instance that joined the group under the install at
-    /// ledger position `install`: once the group's install has moved on, nothing is claimed and
+    /// Like [`fetch`](Self::fetch) for an instance that joined the group under the install
+    /// `install` (its fence): once the group's install has moved on, nothing is claimed and
     /// the call fails with [`QueueError::Fenced`], so the instance re-declares before it
     /// claims again (an instance only handles messages of the set it declared).
     pub async fn fetch_fenced(
         &self,
         group: &GroupName,
         instance: &str,
-        install: i64,
+        install: InstallFence,
         max: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
         let held = &mut HeldConnection::default();
@@ -347,7 +325,7 @@ impl Queue {
         acks: &[Claimed],
         group: &GroupName,
         instance: &str,
-        install: Option<i64>,
+        install: Option<InstallFence>,
         max: u32,
     ) -> Result<AckedFetch, QueueError> {
         let held = &mut HeldConnection::default();
@@ -366,7 +344,7 @@ impl Queue {
         acks: &[Claimed],
         group: &GroupName,
         instance: &str,
-        install: Option<i64>,
+        install: Option<InstallFence>,
         max: u32,
     ) -> Result<AckedFetch, QueueError> {
         let mut keys = Vec::with_capacity(acks.len());
@@ -390,7 +368,7 @@ impl Queue {
         held: &mut HeldConnection,
         group: &GroupName,
         instance: &str,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
         max: u32,
         acks: Vec<(i64, i64)>,
     ) -> Result<AckedFetch, QueueError> {
@@ -428,7 +406,7 @@ impl Queue {
         &self,
         group: &GroupName,
         instance: &str,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
         max: u32,
         mut claimed: Vec<Claimed>,
     ) -> Result<Vec<Claimed>, QueueError> {
@@ -480,7 +458,7 @@ impl Queue {
         &self,
         group: &GroupName,
         instance: &str,
-        fence: Option<i64>,
+        fence: Option<InstallFence>,
         wanted: u32,
     ) -> Result<Vec<Claimed>, QueueError> {
         let held = &mut HeldConnection::default();
@@ -493,12 +471,9 @@ impl Queue {
     /// Acknowledges a claimed message.
     pub async fn ack(&self, message: &Claimed) -> Result<AckOutcome, QueueError> {
         let group = GroupName::parse("group", &message.group)?;
-        match &self.store {
-            Store::Sqlite(s) => sqlite::ack(s, &group, message.position, message.claim_token).await,
-            Store::Postgres(s) => {
-                postgres::ack(s, &group, message.position, message.claim_token).await
-            }
-        }
+        self.backend
+            .ack(&group, message.position, message.claim_token)
+            .await
     }
 
     /// Acknowledges several claimed messages (of any groups) in one transaction; returns each
@@ -512,10 +487,7 @@ impl Queue {
             let group = GroupName::parse("group", &message.group)?;
             keys.push((group.to_string(), message.position, message.claim_token));
         }
-        let acked = match &self.store {
-            Store::Sqlite(s) => sqlite::ack_many(s, keys.clone()).await?,
-            Store::Postgres(s) => postgres::ack_many(s, &keys).await?,
-        };
+        let acked = self.backend.ack_many(&keys).await?;
         Ok(keys
             .iter()
             .map(|key| {
@@ -547,10 +519,7 @@ impl Queue {
         }
         let group = GroupName::parse("group", &message.group)?;
         let (position, token) = (message.position, message.claim_token);
-        match &self.store {
-            Store::Sqlite(s) => sqlite::extend(s, &group, position, token, by).await,
-            Store::Postgres(s) => postgres::extend(s, &group, position, token, by).await,
-        }
+        self.backend.extend(&group, position, token, by).await
     }
 
     /// Gives a claimed message back with the handler's error; it is retried after a backoff or
@@ -558,14 +527,7 @@ impl Queue {
     pub async fn nack(&self, message: &Claimed, error: &str) -> Result<NackOutcome, QueueError> {
         let group = GroupName::parse("group", &message.group)?;
         let (position, token) = (message.position, message.claim_token);
-        match &self.store {
-            Store::Sqlite(s) => {
-                sqlite::nack(s, &self.settings, &group, position, token, error).await
-            }
-            Store::Postgres(s) => {
-                postgres::nack(s, &self.settings, &group, position, token, error).await
-            }
-        }
+        self.backend.nack(&group, position, token, error).await
     }
 
     /// A page of the group's dead letters, after position `after` (`limit` is clamped to
@@ -577,10 +539,7 @@ impl Queue {
         limit: i64,
     ) -> Result<Vec<DeadLetter>, QueueError> {
         let limit = limit.clamp(1, 1_000);
-        match &self.store {
-            Store::Sqlite(s) => sqlite::dead_letters(s, group, after, limit).await,
-            Store::Postgres(s) => postgres::dead_letters(s, group, after, limit).await,
-        }
+        self.backend.dead_letters(group, after, limit).await
     }
 
     /// Puts a dead letter back in the group's queue with fresh attempts; false if absent.
@@ -589,10 +548,7 @@ impl Queue {
         group: &GroupName,
         position: i64,
     ) -> Result<bool, QueueError> {
-        match &self.store {
-            Store::Sqlite(s) => sqlite::replay_dead_letter(s, group, position).await,
-            Store::Postgres(s) => postgres::replay_dead_letter(s, group, position).await,
-        }
+        self.backend.replay_dead_letter(group, position).await
     }
 
     /// The installs the group's routing applied, newest first (at most `limit`, clamped to
@@ -603,18 +559,12 @@ impl Queue {
         limit: i64,
     ) -> Result<Vec<SwapRecord>, QueueError> {
         let limit = limit.clamp(1, 1_000);
-        match &self.store {
-            Store::Sqlite(s) => sqlite::swaps(s, group, limit).await,
-            Store::Postgres(s) => postgres::swaps(s, group, limit).await,
-        }
+        self.backend.swaps(group, limit).await
     }
 
     /// Every topic's head and size.
     pub async fn topic_stats(&self) -> Result<Vec<TopicStats>, QueueError> {
-        match &self.store {
-            Store::Sqlite(s) => sqlite::topic_stats(s).await,
-            Store::Postgres(s) => postgres::topic_stats(s).await,
-        }
+        self.backend.topic_stats().await
     }
 
     /// Queue figures of every group, or of one.
@@ -622,10 +572,9 @@ impl Queue {
         &self,
         group: Option<&GroupName>,
     ) -> Result<Vec<GroupQueueStats>, QueueError> {
-        let group = group.map(GroupName::as_str);
-        match &self.store {
-            Store::Sqlite(s) => sqlite::group_stats(s, group.map(str::to_owned)).await,
-            Store::Postgres(s) => postgres::group_stats(s, group).await,
+        match group {
+            Some(group) => self.group_stats_of(std::slice::from_ref(group)).await,
+            None => self.backend.all_group_stats().await,
         }
     }
 
@@ -636,10 +585,7 @@ impl Queue {
         groups: &[GroupName],
     ) -> Result<Vec<GroupQueueStats>, QueueError> {
         let names: Vec<String> = groups.iter().map(ToString::to_string).collect();
-        match &self.store {
-            Store::Sqlite(s) => sqlite::group_stats_of(s, names).await,
-            Store::Postgres(s) => postgres::group_stats_of(s, &names).await,
-        }
+        self.backend.group_stats_of(&names).await
     }
 
     /// One retention pass: deletes what every group is done with, and what is older than
@@ -652,9 +598,6 @@ impl Queue {
         batch: i64,
     ) -> Result<RetentionReport, QueueError> {
         let batch = batch.max(1);
-        match &self.store {
-            Store::Sqlite(s) => sqlite::retain(s, retention, instance_ttl, batch).await,
-            Store::Postgres(s) => postgres::retain(s, retention, instance_ttl, batch).await,
-        }
+        self.backend.retain(retention, instance_ttl, batch).await
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use wharf::queue::{AckOutcome, Queue, QueueError, QueueSettings};
+use wharf::queue::{AckOutcome, InstallFence, Queue, QueueError, QueueSettings};
 use wharf_tests::fixtures::{declare, group, msg, topic};
 use wharf_tests::{on_both_backends, wait_until, Backend, TestStore};
 
@@ -136,14 +136,20 @@ async fn a_fence_failure_after_the_acks_still_reports_them(backend: Backend) {
         .await
         .unwrap();
     let held = queue
-        .fetch_fenced(&group("d"), "x", install, 1)
+        .fetch_fenced(&group("d"), "x", InstallFence::joined(install), 1)
         .await
         .unwrap();
     assert_eq!(held.len(), 1);
     // A swap moves the install on: the fenced fetch claims nothing more, but its ack counts.
     declare(&store, "d", "v", &["job/#"]).await;
     let next = queue
-        .ack_and_fetch(&held, &group("d"), "x", Some(install), 5)
+        .ack_and_fetch(
+            &held,
+            &group("d"),
+            "x",
+            Some(InstallFence::joined(install)),
+            5,
+        )
         .await
         .unwrap();
     assert_eq!(next.acks, vec![AckOutcome::Acked]);

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use wharf::domain::GroupName;
-use wharf_queue::{AckOutcome, Queue, QueueError, QueueSettings};
+use wharf_queue::{AckOutcome, InstallFence, Queue, QueueError, QueueSettings};
 use wharf_tests::fixtures::{declare, group, msg, topic};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
@@ -154,7 +154,9 @@ async fn a_fenced_out_claim_routes_nothing(backend: Backend) {
     publish(&queue, &subjects("job", 5)).await;
 
     // An instance that joined under another install claims nothing, and routes nothing.
-    let fenced = queue.fetch_fenced(&g, "lapsed", install + 1, 5).await;
+    let fenced = queue
+        .fetch_fenced(&g, "lapsed", InstallFence::joined(install + 1), 5)
+        .await;
     assert!(
         matches!(fenced, Err(QueueError::Fenced { .. })),
         "{fenced:?}"
@@ -162,7 +164,11 @@ async fn a_fenced_out_claim_routes_nothing(backend: Backend) {
     assert_eq!(stats(&queue, &g).await, before);
     // The instance holding the install claims all five.
     assert_eq!(
-        queue.fetch_fenced(&g, "a", install, 5).await.unwrap().len(),
+        queue
+            .fetch_fenced(&g, "a", InstallFence::joined(install), 5)
+            .await
+            .unwrap()
+            .len(),
         5
     );
 }

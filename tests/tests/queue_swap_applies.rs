@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use wharf::domain::GroupName;
-use wharf_queue::{AckOutcome, Claimed, Queue, QueueError, QueueSettings};
+use wharf_queue::{AckOutcome, Claimed, InstallFence, Queue, QueueError, QueueSettings};
 use wharf_tests::fixtures::{declare, group, msg, topic};
 use wharf_tests::{on_both_backends, Backend, TestStore};
 
@@ -237,14 +237,20 @@ async fn a_fenced_fetch_stops_at_the_next_install(backend: Backend) {
         .publish(&topic("orders"), &[msg("x/1")])
         .await
         .unwrap();
-    let got = queue.fetch_fenced(&g, "a:1:aa", joined, 5).await.unwrap();
+    let got = queue
+        .fetch_fenced(&g, "a:1:aa", InstallFence::joined(joined), 5)
+        .await
+        .unwrap();
     assert_eq!(subjects(&got), ["x/1"]);
     declare(&store, "g", "orders", &["x/+", "y/+"]).await;
     queue
         .publish(&topic("orders"), &[msg("x/2")])
         .await
         .unwrap();
-    match queue.fetch_fenced(&g, "a:1:aa", joined, 5).await {
+    match queue
+        .fetch_fenced(&g, "a:1:aa", InstallFence::joined(joined), 5)
+        .await
+    {
         Err(QueueError::Fenced {
             joined: j, current, ..
         }) => {
@@ -254,7 +260,10 @@ async fn a_fenced_fetch_stops_at_the_next_install(backend: Backend) {
         other => panic!("expected Fenced, got {other:?}"),
     }
     let current = install_of(&queue, &g).await;
-    let got = queue.fetch_fenced(&g, "b:1:bb", current, 5).await.unwrap();
+    let got = queue
+        .fetch_fenced(&g, "b:1:bb", InstallFence::joined(current), 5)
+        .await
+        .unwrap();
     assert_eq!(subjects(&got), ["x/2"]);
 }
 on_both_backends!(fenced_fetch, a_fenced_fetch_stops_at_the_next_install);
@@ -278,11 +287,17 @@ async fn a_fenced_claim_takes_nothing_routed_under_the_next_install(backend: Bac
     while queue.route(&g).await.unwrap().more(3) {}
     let stats = queue.group_stats(Some(&g)).await.unwrap();
     assert_eq!(stats[0].claimable, 2, "{stats:?}");
-    match queue.fetch_fenced(&g, "a:1:aa", joined, 5).await {
+    match queue
+        .fetch_fenced(&g, "a:1:aa", InstallFence::joined(joined), 5)
+        .await
+    {
         Err(QueueError::Fenced { joined: j, .. }) => assert_eq!(j, joined),
         other => panic!("expected Fenced with nothing claimed, got {other:?}"),
     }
-    let got = queue.fetch_fenced(&g, "b:1:bb", current, 5).await.unwrap();
+    let got = queue
+        .fetch_fenced(&g, "b:1:bb", InstallFence::joined(current), 5)
+        .await
+        .unwrap();
     assert_eq!(subjects(&got), ["x/1", "y/1"]);
 }
 on_both_backends!(

@@ -23,7 +23,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tracing::{debug, Instrument};
 use wharf_domain::GroupName;
-use wharf_queue::{Claimed, Queue, QueueError};
+use wharf_queue::{Claimed, InstallFence, Queue, QueueError};
 
 /// The router of one claim loop; stops when dropped.
 pub(crate) struct RouteAhead {
@@ -63,11 +63,13 @@ impl RouteAhead {
 
     /// The loop claimed `messages` under `install`: wakes the router when they came within a
     /// routing batch of the position routed so far.
-    pub(crate) fn claimed(&self, install: i64, messages: &[Claimed]) {
+    pub(crate) fn claimed(&self, install: InstallFence, messages: &[Claimed]) {
         let Some(highest) = messages.iter().map(|m| m.position).max() else {
             return;
         };
-        self.shared.install.store(install, Ordering::Relaxed);
+        self.shared
+            .install
+            .store(install.install(), Ordering::Relaxed);
         let claimed = self
             .shared
             .claimed
@@ -112,8 +114,8 @@ async fn route(
 /// routed to its head.
 async fn steps(queue: &Queue, group: &GroupName, shared: &Shared, batch: i64) -> bool {
     loop {
-        let install = shared.install.load(Ordering::Relaxed);
-        let report = match queue.route_fenced(group, Some(install)).await {
+        let fence = InstallFence::joined(shared.install.load(Ordering::Relaxed));
+        let report = match queue.route_fenced(group, Some(fence)).await {
             Ok(report) => report,
             Err(QueueError::Fenced { .. }) => return false,
             Err(e) => {

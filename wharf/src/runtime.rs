@@ -54,7 +54,7 @@ use wharf_domain::{ConsumerState, GroupName, TopicName};
 use wharf_metrics::prometheus::IntCounter;
 use wharf_metrics::StoreOperation;
 use wharf_queue::{
-    AckOutcome, AckedFetch, Claimed, HeldConnection, NackOutcome, Queue, QueueError,
+    AckOutcome, AckedFetch, Claimed, HeldConnection, InstallFence, NackOutcome, Queue, QueueError,
 };
 use wharf_store::Store;
 
@@ -229,7 +229,7 @@ impl Runtime {
                 }
                 _ => None,
             };
-            let Some(install) = install else {
+            let Some(install) = install.map(InstallFence::joined) else {
                 // Claiming nothing; the acks of handlers still running are settled meanwhile.
                 held.release();
                 let idle = std::future::pending::<()>();
@@ -282,12 +282,12 @@ impl Runtime {
                     drop(permits);
                     held.release();
                     warn!(
-                        joined = install,
+                        joined = install.install(),
                         ?current,
                         "the group's install moved on from the one this instance joined; \
                          claiming nothing until it has declared again"
                     );
-                    fenced.send_replace(Some(install));
+                    fenced.send_replace(Some(install.install()));
                 }
                 failed => {
                     drop(permits);
@@ -325,7 +325,7 @@ impl Runtime {
         &self,
         held: &mut HeldConnection,
         acks: AckBatch,
-        install: i64,
+        install: InstallFence,
         wanted: u32,
     ) -> Result<Result<Vec<Claimed>, QueueError>, tokio::time::error::Elapsed> {
         let fetch = self.queue.ack_and_fetch_holding(

@@ -14,7 +14,9 @@ use wharf_domain::GroupName;
 use wharf_store::{Finishing, PgStore};
 
 use super::headers_json;
+use crate::backend::ClaimRequest;
 use crate::error::QueueError;
+use crate::fence::InstallFence;
 use crate::held::HeldConnection;
 use crate::message::{
     AckOutcome, ClaimStep, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings,
@@ -143,17 +145,20 @@ async fn begin_keyed(
 /// exhausted messages it moved to the dead letters instead. The statement runs on `held`'s
 /// connection (or one from the pool), which goes back to `held` when nothing after the
 /// statement needs the pool (ADR 0051).
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claim(
     store: &PgStore,
     held: &mut HeldConnection,
     settings: &QueueSettings,
-    group: &GroupName,
-    instance: &str,
-    max: i64,
-    fence: Option<i64>,
-    acks: &[(i64, i64)],
+    request: ClaimRequest,
 ) -> Result<ClaimStep, QueueError> {
+    let ClaimRequest {
+        group,
+        instance,
+        max,
+        fence,
+        acks,
+    } = request;
+    let (group, acks) = (&group, &acks[..]);
     let token: i64 = rand::random();
     let visibility = settings.visibility_timeout.as_secs_f64();
     let positions: Vec<i64> = acks.iter().map(|a| a.0).collect();
@@ -164,7 +169,8 @@ pub(crate) async fn claim(
     };
     // The statement runs to its end even if this fetch is dropped meanwhile (a deadline):
     // dropped mid-statement, its connection could be lost to the pool (ADR 0068).
-    let (group_text, instance_text) = (group.as_str().to_owned(), instance.to_owned());
+    let (group_text, instance_text) = (group.as_str().to_owned(), instance);
+    let fence = fence.map(InstallFence::install);
     let statement = Finishing::new(async move {
         let settling = sqlx::query_as::<_, SettlingClaimRow>(CLAIM)
             .bind(group_text)

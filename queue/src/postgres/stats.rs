@@ -23,16 +23,9 @@ pub(crate) async fn topic_stats(store: &PgStore) -> Result<Vec<TopicStats>, Queu
 }
 
 /// Every group's routing lag, claimable, in-flight, backing-off and dead-letter counts, and the
-/// age of its oldest unacked message; of one group, or of the groups named (a listing page:
-/// their rows only, by key).
-pub(crate) async fn group_stats(
-    store: &PgStore,
-    group: Option<&str>,
-) -> Result<Vec<GroupQueueStats>, QueueError> {
-    match group {
-        Some(group) => group_stats_of(store, &[group.to_owned()]).await,
-        None => stats_rows(store, ALL_GROUP_FIGURES_SQL).await,
-    }
+/// age of its oldest unacked message.
+pub(crate) async fn all_group_stats(store: &PgStore) -> Result<Vec<GroupQueueStats>, QueueError> {
+    stats_rows(store, ALL_GROUP_FIGURES_SQL).await
 }
 
 /// The figures' statement with `$filter` (a `WHERE` clause and a space, or nothing) before its

@@ -12,21 +12,11 @@ use wharf_store::SqliteStore;
 use super::claim::{bury, micros, AckSettler};
 use super::claimed::{MessageRow, RoutedClaim};
 use super::route::{route_into_claim, ClaimAs};
+use crate::backend::ClaimRequest;
 use crate::error::QueueError;
+use crate::fence::InstallFence;
 use crate::matchers::Matchers;
 use crate::message::{ClaimStep, Claimed, QueueSettings};
-
-/// One claim call: who claims what, and the acks it settles first.
-pub(crate) struct ClaimRequest {
-    pub group: GroupName,
-    pub instance: String,
-    /// How many messages at most.
-    pub max: i64,
-    /// The install the claiming instance holds, when its fetch is fenced.
-    pub fence: Option<i64>,
-    /// `(position, token)` claims of the same group whose handlers succeeded.
-    pub acks: Vec<(i64, i64)>,
-}
 
 /// Claims up to `request.max` claimable messages for `request.instance`, first settling its
 /// acks in the same write transaction (ADR 0035); also reports how many exhausted messages it
@@ -171,8 +161,9 @@ fn claim_routed(
     now: i64,
     visible_at: i64,
     max: i64,
-    fence: Option<i64>,
+    fence: Option<InstallFence>,
 ) -> Result<Vec<RoutedClaim>, QueueError> {
+    let fence = fence.map(InstallFence::install);
     let mut claim = tx.prepare_cached(
         "UPDATE delivery SET attempts = attempts + 1, claimed_by = ?2, claim_token = ?3, \
            visible_at = ?5 \

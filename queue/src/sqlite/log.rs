@@ -187,26 +187,20 @@ fn stats_row(row: &rusqlite::Row<'_>, now: i64) -> rusqlite::Result<GroupQueueSt
     })
 }
 
-/// Queue figures of every group, or of one.
-pub(crate) async fn group_stats(
+/// Queue figures of every group.
+pub(crate) async fn all_group_stats(
     store: &SqliteStore,
-    group: Option<String>,
 ) -> Result<Vec<GroupQueueStats>, QueueError> {
-    match group {
-        Some(group) => group_stats_of(store, vec![group]).await,
-        None => {
-            let now = store.now().await?.timestamp_micros();
-            Ok(store
-                .read(move |conn| {
-                    let mut stmt = conn.prepare_cached(&group_stats_sql("?1 IS NULL"))?;
-                    let rows = stmt
-                        .query_map(params![None::<String>, now], |row| stats_row(row, now))?
-                        .collect::<Result<Vec<_>, _>>()?;
-                    Ok(rows)
-                })
-                .await?)
-        }
-    }
+    let now = store.now().await?.timestamp_micros();
+    Ok(store
+        .read(move |conn| {
+            let mut stmt = conn.prepare_cached(&group_stats_sql("?1 IS NULL"))?;
+            let rows = stmt
+                .query_map(params![None::<String>, now], |row| stats_row(row, now))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await?)
 }
 
 /// Queue figures of the groups named, by name, in one statement (a listing page's: ADR 0046;

@@ -1,42 +1,21 @@
-//! Routing on SQLite, and applying a swap at the first step after it (see the Postgres twin
-//! and `generations.rs` for the rules, ADR 0014). Every step is one write transaction on the
-//! single writer, so the install it reads cannot change under it.
+//! Routing on SQLite: the step written once (`routing.rs`) inside one write transaction on the
+//! single writer, so the install it reads cannot change under it; and the routing a claim
+//! does itself in the steady state (ADR 0069), which only SQLite has.
 
 use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension, Transaction};
-use wharf_domain::{BindingMatcher, GroupName};
+use wharf_domain::GroupName;
 use wharf_store::SqliteStore;
 
 use super::claimed::{MessageRow, RoutedClaim};
+use super::route_sql::SqliteRoute;
 use crate::error::QueueError;
-use crate::generations::{
-    forward_matches, rescan_matches, rescan_start, restorable, split_pending, Generation, History,
-    StepRanges,
-};
+use crate::fence::InstallFence;
+use crate::generations::StepRanges;
 use crate::matchers::Matchers;
-use crate::message::{EffectiveInstall, RouteReport, SwapReport};
-
-/// A group's routing state.
-struct Cursor {
-    topic: String,
-    head: i64,
-    routed_position: i64,
-    routed_install: i64,
-    start_position: Option<i64>,
-    rescan_position: i64,
-    rescan_until: i64,
-    /// The install in effect, if any.
-    install: Option<i64>,
-}
-
-impl Cursor {
-    /// True when routing is aligned with the install in effect and no rescan is pending: the
-    /// steady state, where a claim may route (ADR 0069).
-    fn steady(&self) -> bool {
-        self.install == Some(self.routed_install) && self.rescan_position > self.rescan_until
-    }
-}
+use crate::message::{EffectiveInstall, RouteReport};
+use crate::routing::{self, run_ready, Cursor, Look};
 
 /// Routes up to `batch` log positions for `group`.
 pub(crate) async fn route(
@@ -44,7 +23,7 @@ pub(crate) async fn route(
     matchers: Arc<Matchers>,
     group: &GroupName,
     batch: i64,
-    fence: Option<i64>,
+    fence: Option<InstallFence>,
 ) -> Result<RouteReport, QueueError> {
     if let Some(position) = caught_up(store, group, fence).await? {
         return Ok(RouteReport {
@@ -69,95 +48,30 @@ pub(crate) async fn route(
         .await?
 }
 
-/// One routing step inside the write transaction.
+/// One routing step inside the write transaction: the step written once (`routing.rs`) on
+/// this backend's statements, which complete at once.
 fn step(
     tx: &Transaction<'_>,
     now: i64,
     matchers: &Matchers,
     group: &GroupName,
     batch: i64,
-    fence: Option<i64>,
+    fence: Option<InstallFence>,
 ) -> Result<RouteReport, QueueError> {
-    let Some(mut cursor) = read_cursor(tx, group)? else {
+    let Some((cursor, _)) = read_cursor(tx, group)? else {
         return Err(QueueError::UnknownGroup(group.to_string()));
     };
-    let Some(install) = read_install(tx, group)? else {
-        return Err(QueueError::UnknownGroup(group.to_string()));
-    };
-    QueueError::check_fence(group.as_str(), fence, Some(install.position))?;
-    let matcher = matchers.get(group, install.position, install.patterns.iter().cloned())?;
-    let mut report = RouteReport::default();
-    if cursor.routed_install != install.position {
-        report.swap = Some(apply(tx, now, group, &mut cursor, &install, &matcher)?);
-    }
-    let ranges = StepRanges::new(
-        cursor.routed_position,
-        cursor.head,
-        cursor.rescan_position,
-        cursor.rescan_until,
-        batch,
-    );
-    let mut matched = Vec::new();
-    let mut routed_position = cursor.routed_position;
-    if let Some((from, to)) = ranges.forward {
-        let slice = read_range(tx, &cursor.topic, from, to)?;
-        matched = forward_matches(&matcher, &slice);
-        routed_position = to;
-        report.scanned = (to - from + 1) as u64;
-    }
-    let mut rescan_position = cursor.rescan_position;
-    if let Some((from, to)) = ranges.rescan {
-        let slice = read_range(tx, &cursor.topic, from, to)?;
-        if !slice.is_empty() {
-            let history = history(tx, matchers, group, install.position, from, to)?;
-            matched.extend(rescan_matches(&matcher, &history, &slice));
-        }
-        rescan_position = to + 1;
-        report.rescanned = (to - from + 1) as u64;
-        report.rescan_pending = to < cursor.rescan_until;
-    }
-    let mut insert = tx.prepare_cached(
-        "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, visible_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-    )?;
-    for position in &matched {
-        insert.execute(params![
-            group.as_str(),
-            cursor.topic,
-            position,
-            install.position,
-            now
-        ])?;
-    }
-    tx.prepare_cached(
-        "UPDATE consumer_group SET routed_position = ?2, rescan_position = ?3 WHERE group_name = ?1",
-    )?
-    .execute(params![group.as_str(), routed_position, rescan_position])?;
-    report.routed = matched.len() as u64;
-    report.position = routed_position;
-    Ok(report)
+    let mut db = SqliteRoute { tx, now };
+    run_ready(routing::step(
+        &mut db, matchers, group, cursor, batch, fence,
+    ))
 }
 
-/// The log rows of `topic` in `from..=until` (at most a batch of positions), in position order
-/// (bounded by position, as on Postgres).
-fn read_range(
+/// The group's routing state and the install in effect, if any.
+fn read_cursor(
     tx: &Transaction<'_>,
-    topic: &str,
-    from: i64,
-    until: i64,
-) -> Result<Vec<(i64, String)>, QueueError> {
-    Ok(tx
-        .prepare_cached(
-            "SELECT position, subject FROM message WHERE topic = ?1 AND position >= ?2 \
-               AND position <= ?3 ORDER BY position",
-        )?
-        .query_map(params![topic, from, until], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?)
-}
-
-fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>, QueueError> {
+    group: &GroupName,
+) -> Result<Option<(Cursor, Option<i64>)>, QueueError> {
     Ok(tx
         .prepare_cached(
             "SELECT g.topic, g.routed_position, g.routed_install, g.start_position, \
@@ -167,7 +81,7 @@ fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>
              FROM consumer_group g WHERE g.group_name = ?1",
         )?
         .query_row([group.as_str()], |row| {
-            Ok(Cursor {
+            let cursor = Cursor {
                 head: row.get(6)?,
                 topic: row.get(0)?,
                 routed_position: row.get(1)?,
@@ -175,13 +89,13 @@ fn read_cursor(tx: &Transaction<'_>, group: &GroupName) -> Result<Option<Cursor>
                 start_position: row.get(3)?,
                 rescan_position: row.get(4)?,
                 rescan_until: row.get(5)?,
-                install: row.get(7)?,
-            })
+            };
+            Ok((cursor, row.get(7)?))
         })
         .optional()?)
 }
 
-fn read_install(
+pub(super) fn read_install(
     conn: &rusqlite::Connection,
     group: &GroupName,
 ) -> Result<Option<EffectiveInstall>, QueueError> {
@@ -200,194 +114,41 @@ fn read_install(
     .transpose()
 }
 
-/// Aligns the group's routing with `install` (see the Postgres twin).
-fn apply(
-    tx: &Transaction<'_>,
-    now: i64,
-    group: &GroupName,
-    cursor: &mut Cursor,
-    install: &EffectiveInstall,
-    matcher: &BindingMatcher,
-) -> Result<SwapReport, QueueError> {
-    let g = group.as_str();
-    let start = cursor.start_position.unwrap_or(cursor.routed_position + 1);
-    tx.execute(
-        "UPDATE route_generation SET through_position = ?3, rescan_through = ?4 \
-         WHERE group_name = ?1 AND install = ?2 AND through_position IS NULL",
-        params![
-            g,
-            cursor.routed_install,
-            cursor.routed_position,
-            (cursor.rescan_position - 1).min(cursor.rescan_until)
-        ],
-    )?;
-    let pending = tx
-        .prepare(
-            "SELECT d.position, m.subject FROM delivery d \
-             LEFT JOIN message m ON m.topic = d.topic AND m.position = d.position \
-             WHERE d.group_name = ?1 AND d.routed_by <> ?2",
-        )?
-        .query_map(params![g, install.position], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, Option<String>>(1)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    let (kept, aside) = split_pending(matcher, &pending);
-    let mut restamp =
-        tx.prepare("UPDATE delivery SET routed_by = ?3 WHERE group_name = ?1 AND position = ?2")?;
-    for position in &kept {
-        restamp.execute(params![g, position, install.position])?;
-    }
-    let mut park = tx.prepare(
-        "INSERT OR IGNORE INTO set_aside (group_name, topic, position, routed_by, routed_at, \
-           attempts, visible_at, claimed_by, claim_token, last_error, set_aside_by, set_aside_at) \
-         SELECT group_name, topic, position, routed_by, routed_at, attempts, visible_at, \
-           claimed_by, claim_token, last_error, ?3, ?4 \
-         FROM delivery WHERE group_name = ?1 AND position = ?2",
-    )?;
-    let mut unroute = tx.prepare("DELETE FROM delivery WHERE group_name = ?1 AND position = ?2")?;
-    for position in &aside {
-        park.execute(params![g, position, install.position, now])?;
-        unroute.execute(params![g, position])?;
-    }
-    let parked = tx
-        .prepare(
-            "SELECT s.position, m.subject FROM set_aside s \
-             JOIN message m ON m.topic = s.topic AND m.position = s.position \
-             WHERE s.group_name = ?1",
-        )?
-        .query_map([g], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    let restore = restorable(matcher, &parked);
-    let mut back = tx.prepare(
-        "INSERT OR IGNORE INTO delivery (group_name, topic, position, routed_by, routed_at, \
-           attempts, visible_at, claimed_by, claim_token, last_error) \
-         SELECT group_name, topic, position, ?3, routed_at, attempts, visible_at, claimed_by, \
-           claim_token, last_error FROM set_aside WHERE group_name = ?1 AND position = ?2",
-    )?;
-    let mut unpark = tx.prepare("DELETE FROM set_aside WHERE group_name = ?1 AND position = ?2")?;
-    for position in &restore {
-        back.execute(params![g, position, install.position])?;
-        unpark.execute(params![g, position])?;
-    }
-    let oldest: Option<i64> = tx.query_row(
-        "SELECT MIN(position) FROM message WHERE topic = ?1",
-        [&cursor.topic],
-        |row| row.get(0),
-    )?;
-    let report = SwapReport {
-        install: install.position,
-        kept: kept.len() as u64,
-        set_aside: aside.len() as u64,
-        restored: restore.len() as u64,
-        rescan_from: rescan_start(start, oldest, cursor.routed_position),
-        rescan_until: cursor.routed_position,
-    };
-    tx.execute(
-        "INSERT OR IGNORE INTO route_generation (group_name, install, patterns, from_position, \
-           rescan_from, set_aside, restored, kept, applied_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-        params![
-            g,
-            install.position,
-            serde_json::to_string(&install.patterns)?,
-            cursor.routed_position + 1,
-            report.rescan_from,
-            report.set_aside as i64,
-            report.restored as i64,
-            report.kept as i64,
-            now
-        ],
-    )?;
-    tx.execute(
-        "UPDATE consumer_group SET start_position = ?2, routed_install = ?3, \
-           rescan_position = ?4, rescan_until = ?5 WHERE group_name = ?1",
-        params![
-            g,
-            start,
-            install.position,
-            report.rescan_from,
-            report.rescan_until
-        ],
-    )?;
-    report.log(g);
-    cursor.start_position = Some(start);
-    cursor.routed_install = install.position;
-    cursor.rescan_position = report.rescan_from;
-    cursor.rescan_until = report.rescan_until;
-    Ok(report)
-}
-
-/// The earlier installs whose ranges overlap `first..=last`, with their compiled sets.
-fn history(
-    tx: &Transaction<'_>,
-    matchers: &Matchers,
-    group: &GroupName,
-    current: i64,
-    first: i64,
-    last: i64,
-) -> Result<History, QueueError> {
-    let rows = tx
-        .prepare_cached(
-            "SELECT install, patterns, from_position, through_position, rescan_from, \
-               rescan_through FROM route_generation \
-             WHERE group_name = ?1 AND install <> ?2 AND through_position IS NOT NULL \
-               AND ((from_position <= ?4 AND through_position >= ?3) \
-                 OR (rescan_from <= ?4 AND rescan_through >= ?3))",
-        )?
-        .query_map(params![group.as_str(), current, first, last], |row| {
-            Ok((
-                row.get::<_, i64>(0)?,
-                row.get::<_, String>(1)?,
-                (row.get::<_, i64>(2)?, row.get::<_, i64>(3)?),
-                (row.get::<_, i64>(4)?, row.get::<_, i64>(5)?),
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut generations = Vec::with_capacity(rows.len());
-    for (install, patterns, forward, rescan) in rows {
-        let patterns: Vec<String> = serde_json::from_str(&patterns)?;
-        generations.push(Generation {
-            forward,
-            rescan,
-            matcher: matchers.get(group, install, patterns.into_iter())?,
-        });
-    }
-    Ok(History(generations))
-}
-
 /// A reader-side look: the cursor when the group is caught up, aligned with its install and
 /// done rescanning, so an idle poll takes no write transaction; with a fence, `Fenced` when the
 /// install is not the fenced one.
 async fn caught_up(
     store: &SqliteStore,
     group: &GroupName,
-    fence: Option<i64>,
+    fence: Option<InstallFence>,
 ) -> Result<Option<i64>, QueueError> {
     let name = group.clone();
-    let row: Option<(i64, i64, bool, Option<i64>)> = store
+    let look: Option<Look> = store
         .read(move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT g.routed_position, COALESCE(t.head, 0), \
-                       g.routed_install = COALESCE(e.position, g.routed_install) \
-                       AND g.rescan_position > g.rescan_until, e.position \
+                    "SELECT g.routed_position, COALESCE(t.head, 0), g.routed_install, \
+                       g.rescan_position > g.rescan_until, e.position \
                      FROM consumer_group g LEFT JOIN topic t ON t.name = g.topic \
                      LEFT JOIN effective_declaration e ON e.group_name = g.group_name \
                      WHERE g.group_name = ?1",
                 )?
                 .query_row([name.as_str()], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                    Ok(Look {
+                        routed_position: row.get(0)?,
+                        head: row.get(1)?,
+                        routed_install: row.get(2)?,
+                        rescanned: row.get(3)?,
+                        install: row.get(4)?,
+                    })
                 })
                 .optional()?)
         })
         .await?;
-    let Some((routed, head, aligned, install)) = row else {
-        return Ok(None);
-    };
-    QueueError::check_fence(group.as_str(), fence, install)?;
-    Ok((aligned && routed >= head).then_some(routed))
+    match look {
+        Some(look) => look.settled(group, fence),
+        None => Ok(None),
+    }
 }
 
 /// The install in effect for `group`.
@@ -410,7 +171,7 @@ pub(super) struct ClaimAs<'a> {
     /// How many deliveries the claim still wants.
     pub wanted: usize,
     /// The install the claiming instance holds, when its fetch is fenced.
-    pub fence: Option<i64>,
+    pub fence: Option<InstallFence>,
 }
 
 /// Routes forward inside a claim's write transaction and hands the first `claim.wanted`
@@ -431,11 +192,13 @@ pub(super) fn route_into_claim(
     batch: i64,
     claim: &ClaimAs<'_>,
 ) -> Result<Vec<(RoutedClaim, MessageRow)>, QueueError> {
-    let Some(at) = read_cursor(tx, group)? else {
+    let Some((at, in_effect)) = read_cursor(tx, group)? else {
         return Ok(Vec::new());
     };
     let install = at.routed_install;
-    if !at.steady() || claim.fence.is_some_and(|fence| fence != install) || claim.wanted == 0 {
+    // The steady state: routing aligned with the install in effect, no rescan pending.
+    let steady = in_effect == Some(install) && at.rescanned();
+    if !steady || claim.fence.is_some_and(|fence| !fence.admits(install)) || claim.wanted == 0 {
         return Ok(Vec::new());
     }
     let Some((from, to)) = StepRanges::new(at.routed_position, at.head, 1, 0, batch).forward else {
