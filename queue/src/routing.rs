@@ -8,14 +8,10 @@
 //! supplies is its statements: each [`RouteDialect`] method is one read or one write.
 //!
 //! SQLite's dialect works on a `rusqlite` transaction and never waits: its methods complete on
-//! their first poll, so [`run_ready`] drives the same step inside SQLite's write closure.
-
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+//! their first poll, so `wharf_store::run_ready` drives the same step inside SQLite's write
+//! closure.
 
 use wharf_domain::{BindingMatcher, GroupName};
-use wharf_store::StoreError;
 
 use crate::error::QueueError;
 use crate::fence::{self, InstallFence};
@@ -321,21 +317,6 @@ async fn history<D: RouteDialect>(
     Ok(History(generations))
 }
 
-/// Runs `work` to its end on this thread, for a dialect that never waits (SQLite's, inside
-/// its write transaction). A future that would wait is a bug of that dialect, reported as a
-/// store error rather than a hang.
-pub(crate) fn run_ready<T>(
-    work: impl Future<Output = Result<T, QueueError>>,
-) -> Result<T, QueueError> {
-    let mut work = pin!(work);
-    match work.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(done) => done,
-        Poll::Pending => Err(QueueError::Store(StoreError::Task(
-            "a SQLite routing step waited: its statements must complete at once".into(),
-        ))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,15 +364,5 @@ mod tests {
     fn a_look_with_another_install_than_the_fence_is_fenced() {
         let fenced = look(5, 5, 3, Some(8)).settled(&group(), Some(InstallFence::joined(3)));
         assert!(matches!(fenced, Err(QueueError::Fenced { joined: 3, .. })));
-    }
-
-    #[test]
-    fn run_ready_reports_a_future_that_waits_instead_of_hanging() {
-        let waits = std::future::pending::<Result<(), QueueError>>();
-        assert!(matches!(
-            run_ready(waits),
-            Err(QueueError::Store(StoreError::Task(_)))
-        ));
-        assert_eq!(run_ready(async { Ok::<_, QueueError>(3) }).unwrap(), 3);
     }
 }

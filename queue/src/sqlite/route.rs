@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::GroupName;
-use wharf_store::SqliteStore;
+use wharf_store::{run_ready, SqliteStore};
 
 use super::claimed::{MessageRow, RoutedClaim};
 use super::route_sql::SqliteRoute;
@@ -15,7 +15,7 @@ use crate::fence::InstallFence;
 use crate::generations::StepRanges;
 use crate::matchers::Matchers;
 use crate::message::{EffectiveInstall, RouteReport};
-use crate::routing::{self, run_ready, Cursor, Look};
+use crate::routing::{self, Cursor, Look};
 
 /// Routes up to `batch` log positions for `group`.
 pub(crate) async fn route(
