@@ -21,6 +21,7 @@ mod handler_error;
 mod held;
 mod matchers;
 pub mod message;
+mod nack;
 mod postgres;
 mod routing;
 mod sqlite;

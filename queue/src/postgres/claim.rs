@@ -21,6 +21,7 @@ use crate::held::HeldConnection;
 use crate::message::{
     AckOutcome, ClaimStep, Claimed, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings,
 };
+use crate::nack::{self, HeldClaim, NackDialect};
 
 /// A claimed row: position, attempts, routed_by, topic, subject, payload, headers (JSON text),
 /// published_at.
@@ -405,7 +406,7 @@ pub(crate) async fn extend(
 }
 
 /// Gives a claimed message back: claimable again after the backoff, or dead-lettered when it
-/// has used its attempts.
+/// has used its attempts (the rules: `nack.rs`), in one transaction planned by key.
 pub(crate) async fn nack(
     store: &PgStore,
     settings: &QueueSettings,
@@ -415,68 +416,81 @@ pub(crate) async fn nack(
     error: &str,
 ) -> Result<NackOutcome, QueueError> {
     let mut tx = begin_keyed(store).await?;
-    let attempts: Option<i32> = sqlx::query_scalar(NACK_MARK)
-        .bind(group.as_str())
-        .bind(position)
-        .bind(token)
-        .bind(error)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let Some(attempts) = attempts else {
-        let released = release_set_aside(&mut tx, settings, group, position, token, error).await?;
-        tx.commit().await?;
-        return Ok(released);
+    let claim = HeldClaim {
+        group,
+        position,
+        token,
     };
-    if i64::from(attempts) >= i64::from(settings.max_attempts) {
-        bury(&mut tx, group, &[position], token, 0).await?;
-        tx.commit().await?;
-        return Ok(NackOutcome::DeadLettered);
-    }
-    let backoff: Duration = settings.backoff(attempts);
-    let visible_at: DateTime<Utc> = sqlx::query_scalar(NACK_RETRY)
-        .bind(group.as_str())
-        .bind(position)
-        .bind(backoff.as_secs_f64())
-        .fetch_one(&mut *tx)
-        .await?;
+    let outcome = nack::nack(&mut PgNack(&mut tx), settings, claim, error).await?;
     tx.commit().await?;
-    Ok(NackOutcome::Retrying { visible_at })
+    Ok(outcome)
 }
 
-/// Releases a claim whose delivery a swap set aside while it was held: the message stays set
-/// aside, no longer held, visible again after the backoff should an install bring it back.
-async fn release_set_aside(
-    conn: &mut PgConnection,
-    settings: &QueueSettings,
-    group: &GroupName,
-    position: i64,
-    token: i64,
-    error: &str,
-) -> Result<NackOutcome, QueueError> {
-    let attempts: Option<i32> = sqlx::query_scalar(
-        "SELECT attempts FROM set_aside WHERE group_name = $1 AND position = $2 \
-           AND claim_token = $3 FOR UPDATE",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(token)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(attempts) = attempts else {
-        return Ok(NackOutcome::ClaimLost);
-    };
-    let visible_at: DateTime<Utc> = sqlx::query_scalar(
-        "UPDATE set_aside SET last_error = $3, claimed_by = NULL, claim_token = NULL, \
-           visible_at = clock_timestamp() + make_interval(secs => $4) \
-         WHERE group_name = $1 AND position = $2 RETURNING visible_at",
-    )
-    .bind(group.as_str())
-    .bind(position)
-    .bind(error)
-    .bind(settings.backoff(attempts).as_secs_f64())
-    .fetch_one(conn)
-    .await?;
-    Ok(NackOutcome::Retrying { visible_at })
+/// A nack's statements on its transaction's connection.
+struct PgNack<'c>(&'c mut PgConnection);
+
+impl NackDialect for PgNack<'_> {
+    async fn mark(&mut self, claim: HeldClaim<'_>, error: &str) -> Result<Option<i32>, QueueError> {
+        Ok(sqlx::query_scalar(NACK_MARK)
+            .bind(claim.group.as_str())
+            .bind(claim.position)
+            .bind(claim.token)
+            .bind(error)
+            .fetch_optional(&mut *self.0)
+            .await?)
+    }
+
+    async fn set_aside_attempts(
+        &mut self,
+        claim: HeldClaim<'_>,
+    ) -> Result<Option<i32>, QueueError> {
+        Ok(sqlx::query_scalar(
+            "SELECT attempts FROM set_aside WHERE group_name = $1 AND position = $2 \
+               AND claim_token = $3 FOR UPDATE",
+        )
+        .bind(claim.group.as_str())
+        .bind(claim.position)
+        .bind(claim.token)
+        .fetch_optional(&mut *self.0)
+        .await?)
+    }
+
+    async fn release_set_aside(
+        &mut self,
+        claim: HeldClaim<'_>,
+        error: &str,
+        backoff: Duration,
+    ) -> Result<DateTime<Utc>, QueueError> {
+        Ok(sqlx::query_scalar(
+            "UPDATE set_aside SET last_error = $3, claimed_by = NULL, claim_token = NULL, \
+               visible_at = clock_timestamp() + make_interval(secs => $4) \
+             WHERE group_name = $1 AND position = $2 RETURNING visible_at",
+        )
+        .bind(claim.group.as_str())
+        .bind(claim.position)
+        .bind(error)
+        .bind(backoff.as_secs_f64())
+        .fetch_one(&mut *self.0)
+        .await?)
+    }
+
+    async fn bury(&mut self, claim: HeldClaim<'_>) -> Result<(), QueueError> {
+        bury(self.0, claim.group, &[claim.position], claim.token, 0).await?;
+        Ok(())
+    }
+
+    async fn retry(
+        &mut self,
+        claim: HeldClaim<'_>,
+        backoff: Duration,
+    ) -> Result<DateTime<Utc>, QueueError> {
+        Ok(sqlx::query_scalar(NACK_RETRY)
+            .bind(claim.group.as_str())
+            .bind(claim.position)
+            .bind(backoff.as_secs_f64())
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
 }
 
 type DeadRow = (

@@ -1,16 +1,19 @@
-//! Acks, nacks, extensions and dead letters on SQLite (see the Postgres twin for the rules);
-//! the claim itself is in `fetch.rs`.
+//! Acks, nacks, extensions and dead letters on SQLite (the nack's rules: `nack.rs`); the claim
+//! itself is in `fetch.rs`.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use rusqlite::{params, OptionalExtension, Transaction};
 use wharf_domain::GroupName;
 use wharf_store::event::from_micros;
-use wharf_store::{SqliteStore, StoreError};
+use wharf_store::{run_ready, SqliteStore};
 
 use super::headers_from;
 use crate::error::QueueError;
 use crate::message::{AckOutcome, DeadLetter, ExtendOutcome, NackOutcome, QueueSettings};
+use crate::nack::{self, HeldClaim, NackDialect};
 
 pub(super) fn micros(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -107,38 +110,6 @@ fn settle_set_aside(
     .execute(params![group, position, token])
 }
 
-/// Releases a claim whose delivery a swap set aside while it was held: the message stays set
-/// aside, no longer held, visible again after the backoff should an install bring it back.
-fn release_set_aside(
-    tx: &Transaction<'_>,
-    settings: &QueueSettings,
-    group: &str,
-    position: i64,
-    token: i64,
-    error: &str,
-    now: i64,
-) -> Result<NackOutcome, StoreError> {
-    let attempts: Option<i32> = tx
-        .prepare_cached(
-            "SELECT attempts FROM set_aside WHERE group_name = ?1 AND position = ?2 \
-               AND claim_token = ?3",
-        )?
-        .query_row(params![group, position, token], |row| row.get(0))
-        .optional()?;
-    let Some(attempts) = attempts else {
-        return Ok(NackOutcome::ClaimLost);
-    };
-    let visible_at = now + micros(settings.backoff(attempts));
-    tx.prepare_cached(
-        "UPDATE set_aside SET last_error = ?3, visible_at = ?4, claimed_by = NULL, \
-           claim_token = NULL WHERE group_name = ?1 AND position = ?2",
-    )?
-    .execute(params![group, position, error, visible_at])?;
-    Ok(NackOutcome::Retrying {
-        visible_at: from_micros(visible_at),
-    })
-}
-
 /// Acknowledges `(group, position, token)` claims in one transaction; returns the keys it
 /// acked, tokens included.
 pub(crate) async fn ack_many(
@@ -188,7 +159,8 @@ pub(crate) async fn extend(
         .await?)
 }
 
-/// Gives a claimed message back: retried after the backoff, or dead-lettered.
+/// Gives a claimed message back: retried after the backoff, or dead-lettered (the rules:
+/// `nack.rs`), in one write transaction.
 pub(crate) async fn nack(
     store: &SqliteStore,
     settings: &QueueSettings,
@@ -198,41 +170,104 @@ pub(crate) async fn nack(
     error: &str,
 ) -> Result<NackOutcome, QueueError> {
     let (group, settings, error) = (group.clone(), *settings, error.to_owned());
-    Ok(store
-        .write(move |ctx| {
+    store
+        .write_or_rollback(move |ctx| {
             let now = ctx.now.timestamp_micros();
-            let attempts: Option<i32> = ctx
-                .tx
-                .query_row(
-                    "UPDATE delivery SET last_error = ?4 \
-                     WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3 RETURNING attempts",
-                    params![group.as_str(), position, token, error],
-                    |row| row.get(0),
-                )
-                .map(Some)
-                .or_else(|e| match e {
-                    rusqlite::Error::QueryReturnedNoRows => Ok(None),
-                    e => Err(e),
-                })?;
-            let Some(attempts) = attempts else {
-                return release_set_aside(ctx.tx, &settings, group.as_str(), position, token, &error, now);
+            let claim = HeldClaim {
+                group: &group,
+                position,
+                token,
             };
-            if i64::from(attempts) >= i64::from(settings.max_attempts) {
-                bury(ctx.tx, &group, position, token, now, 0)?;
-                return Ok(NackOutcome::DeadLettered);
-            }
-            let visible_at = now + micros(settings.backoff(attempts));
-            ctx.tx
-                .prepare_cached(
-                    "UPDATE delivery SET visible_at = ?3, claimed_by = NULL, claim_token = NULL \
-                     WHERE group_name = ?1 AND position = ?2",
-                )?
-                .execute(params![group.as_str(), position, visible_at])?;
-            Ok(NackOutcome::Retrying {
-                visible_at: from_micros(visible_at),
-            })
+            let mut db = SqliteNack { tx: ctx.tx, now };
+            let outcome = run_ready(nack::nack(&mut db, &settings, claim, &error));
+            let commit = outcome.is_ok();
+            Ok((outcome, commit))
         })
-        .await?)
+        .await?
+}
+
+/// A nack's statements on its write transaction, at the store's time `now`.
+struct SqliteNack<'a, 't> {
+    tx: &'a Transaction<'t>,
+    now: i64,
+}
+
+impl NackDialect for SqliteNack<'_, '_> {
+    async fn mark(&mut self, claim: HeldClaim<'_>, error: &str) -> Result<Option<i32>, QueueError> {
+        let g = claim.group.as_str();
+        Ok(self
+            .tx
+            .prepare_cached(
+                "UPDATE delivery SET last_error = ?4 \
+                 WHERE group_name = ?1 AND position = ?2 AND claim_token = ?3 RETURNING attempts",
+            )?
+            .query_row(params![g, claim.position, claim.token, error], |row| {
+                row.get(0)
+            })
+            .optional()?)
+    }
+
+    async fn set_aside_attempts(
+        &mut self,
+        claim: HeldClaim<'_>,
+    ) -> Result<Option<i32>, QueueError> {
+        let g = claim.group.as_str();
+        Ok(self
+            .tx
+            .prepare_cached(
+                "SELECT attempts FROM set_aside WHERE group_name = ?1 AND position = ?2 \
+                   AND claim_token = ?3",
+            )?
+            .query_row(params![g, claim.position, claim.token], |row| row.get(0))
+            .optional()?)
+    }
+
+    async fn release_set_aside(
+        &mut self,
+        claim: HeldClaim<'_>,
+        error: &str,
+        backoff: Duration,
+    ) -> Result<DateTime<Utc>, QueueError> {
+        let visible_at = self.now + micros(backoff);
+        self.tx
+            .prepare_cached(
+                "UPDATE set_aside SET last_error = ?3, visible_at = ?4, claimed_by = NULL, \
+                   claim_token = NULL WHERE group_name = ?1 AND position = ?2",
+            )?
+            .execute(params![
+                claim.group.as_str(),
+                claim.position,
+                error,
+                visible_at
+            ])?;
+        Ok(from_micros(visible_at))
+    }
+
+    async fn bury(&mut self, claim: HeldClaim<'_>) -> Result<(), QueueError> {
+        Ok(bury(
+            self.tx,
+            claim.group,
+            claim.position,
+            claim.token,
+            self.now,
+            0,
+        )?)
+    }
+
+    async fn retry(
+        &mut self,
+        claim: HeldClaim<'_>,
+        backoff: Duration,
+    ) -> Result<DateTime<Utc>, QueueError> {
+        let visible_at = self.now + micros(backoff);
+        self.tx
+            .prepare_cached(
+                "UPDATE delivery SET visible_at = ?3, claimed_by = NULL, claim_token = NULL \
+                 WHERE group_name = ?1 AND position = ?2",
+            )?
+            .execute(params![claim.group.as_str(), claim.position, visible_at])?;
+        Ok(from_micros(visible_at))
+    }
 }
 
 /// Lists a group's dead letters after `after`, oldest position first.
