@@ -17,6 +17,7 @@
 //! payload compares a top-level field its caller names between two events of a stream, ADR
 //! 0075.)
 
+mod catch_up;
 pub mod deadline;
 pub mod error;
 pub mod event;

@@ -7,11 +7,13 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{params, OptionalExtension, Row, Transaction};
 
 use super::SqliteStore;
+use crate::catch_up::{self, CatchUpBatch, CatchUpRunner};
 use crate::error::StoreError;
 use crate::event::{from_micros, EventQuery, NewEvent, Payload, RecordedEvent};
 use crate::projector::{
     push_literal, row_sql, EventView, RowChange, RowProjector, SqliteProjector, Value,
 };
+use crate::ready::run_ready;
 use crate::rebuild::{wants, Decoded, RawRow};
 
 const SELECT_EVENT: &str = "SELECT position, aggregate_type, aggregate_id, sequence, event_type, \
@@ -466,53 +468,79 @@ impl SqliteStore {
     }
 
     /// Brings a catch-up projector up to the head of the log, `batch` events per transaction;
-    /// each batch and its checkpoint commit together. Returns how many events it applied.
+    /// each batch and its checkpoint commit together (the steps: `catch_up.rs`). Returns how
+    /// many events it applied.
     pub async fn catch_up(
         &self,
         projector: Arc<dyn SqliteProjector>,
         batch: i64,
     ) -> Result<u64, StoreError> {
-        // A look on a reader connection first: with nothing new (the common case for reads
-        // that catch up before they answer), the writer is not taken at all.
-        let name = projector.name();
-        let (head, checkpoint) = self
+        let runner = SqliteCatchUp {
+            store: self,
+            projector,
+        };
+        catch_up::catch_up(&runner, batch).await
+    }
+}
+
+/// Catching one projector up on SQLite: the look on a reader connection (with nothing new,
+/// the writer is not taken at all), each batch a write transaction.
+struct SqliteCatchUp<'s> {
+    store: &'s SqliteStore,
+    projector: Arc<dyn SqliteProjector>,
+}
+
+impl CatchUpRunner for SqliteCatchUp<'_> {
+    async fn look(&self) -> Result<(i64, i64), StoreError> {
+        let name = self.projector.name();
+        self.store
             .read(move |conn| {
                 Ok(conn
                     .prepare_cached(CATCH_UP_CHECK)?
-                    .query_row([name], |row| {
-                        Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
-                    })?)
+                    .query_row([name], |row| Ok((row.get(0)?, row.get(1)?)))?)
             })
-            .await?;
-        if head <= checkpoint {
-            return Ok(0);
-        }
-        // One writer: every position up to `head` is committed. Each batch covers at most
-        // `batch` positions (fewer events where the pruner left gaps).
-        let mut applied = 0u64;
-        loop {
-            let projector = projector.clone();
-            let step = self
-                .write(move |ctx| {
-                    let from = checkpoint_in_tx(ctx.tx, projector.name())?;
-                    if from >= head {
-                        return Ok(None);
-                    }
-                    let through = head.min(from.saturating_add(batch.max(1)));
-                    let events = read_range_in_tx(ctx.tx, from, through)?;
-                    for event in &events {
-                        projector
-                            .apply(ctx.tx, event)
-                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-                    }
-                    set_checkpoint_in_tx(ctx.tx, projector.name(), through)?;
-                    Ok(Some(events.len() as u64))
-                })
-                .await?;
-            match step {
-                Some(count) => applied += count,
-                None => return Ok(applied),
-            }
-        }
+            .await
+    }
+
+    async fn batch(&self, head: i64, batch: i64) -> Result<Option<u64>, StoreError> {
+        let projector = self.projector.clone();
+        self.store
+            .write(move |ctx| {
+                let mut db = SqliteBatch {
+                    tx: ctx.tx,
+                    projector,
+                };
+                run_ready(catch_up::batch(&mut db, head, batch))
+            })
+            .await
+    }
+}
+
+/// One catch-up batch's statements on its write transaction (the single writer holds the
+/// checkpoint against other runners).
+struct SqliteBatch<'a, 't> {
+    tx: &'a Transaction<'t>,
+    projector: Arc<dyn SqliteProjector>,
+}
+
+impl CatchUpBatch for SqliteBatch<'_, '_> {
+    fn projector(&self) -> &'static str {
+        self.projector.name()
+    }
+
+    async fn hold_checkpoint(&mut self) -> Result<i64, StoreError> {
+        checkpoint_in_tx(self.tx, self.projector.name())
+    }
+
+    async fn events(&mut self, after: i64, through: i64) -> Result<Vec<RecordedEvent>, StoreError> {
+        read_range_in_tx(self.tx, after, through)
+    }
+
+    async fn apply(&mut self, event: &RecordedEvent) -> Result<(), StoreError> {
+        self.projector.apply(self.tx, event)
+    }
+
+    async fn set_checkpoint(&mut self, through: i64) -> Result<(), StoreError> {
+        set_checkpoint_in_tx(self.tx, self.projector.name(), through)
     }
 }
