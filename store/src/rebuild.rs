@@ -11,8 +11,10 @@ use crate::error::StoreError;
 use crate::event::{Payload, RecordedEvent};
 pub use crate::projector::{Decoded, ReplayEvent};
 
+mod fold;
 mod image;
 
+pub(crate) use fold::{fold_page, ReplayApply, Step};
 pub use image::Image;
 
 /// Whether a rebuild replaces the live projections or only compares against them.

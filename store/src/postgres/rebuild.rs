@@ -11,10 +11,11 @@ use super::events::{
 };
 use super::PgStore;
 use crate::error::StoreError;
-use crate::projector::{EventView, PgProjector, RowChange, Value};
+use crate::event::RecordedEvent;
+use crate::projector::{PgProjector, Value};
 use crate::rebuild::{
-    snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, ReplayTarget,
-    TableDifference, REBUILD_PAGE,
+    fold_page, snapshot_table, Image, Progress, RebuildMode, RebuildReport, ReplayApply,
+    ReplayTarget, TableDifference, REBUILD_PAGE,
 };
 
 impl PgStore {
@@ -97,7 +98,7 @@ impl PgStore {
         })
         .await?;
         for step in steps {
-            step.write(&mut tx, target).await?;
+            write_step(&mut tx, step, target).await?;
         }
         for projector in &catch_up {
             set_checkpoint(&mut tx, projector.name(), head).await?;
@@ -126,30 +127,33 @@ impl PgStore {
     }
 }
 
-/// How one projector takes part in a replay.
-enum Step {
-    /// A row projector: its changes folded into an image of its tables, written at the end
-    /// (the buffer of an event's changes is reused from one event to the next).
-    Image(Arc<dyn PgProjector>, Image, Vec<RowChange>),
-    /// Applied event by event.
-    Apply(Arc<dyn PgProjector>),
+type Step = crate::rebuild::Step<dyn PgProjector>;
+
+/// Writes a row projector's image into `target` (nothing for a projector applied event by
+/// event).
+async fn write_step(
+    conn: &mut PgConnection,
+    step: Step,
+    target: ReplayTarget,
+) -> Result<(), StoreError> {
+    match step.into_image() {
+        Some((projector, image)) => write_image(conn, image, target)
+            .await
+            .map_err(|e| StoreError::in_projector(projector.name(), e)),
+        None => Ok(()),
+    }
 }
 
-impl Step {
-    fn of(projector: &Arc<dyn PgProjector>) -> Self {
-        match projector.rows() {
-            Some(_) => Self::Image(projector.clone(), Image::default(), Vec::new()),
-            None => Self::Apply(projector.clone()),
-        }
-    }
+/// Applies projectors event by event on the replay's connection, between cursor pages.
+struct PgApply<'c>(&'c mut PgConnection);
 
-    async fn write(self, conn: &mut PgConnection, target: ReplayTarget) -> Result<(), StoreError> {
-        match self {
-            Self::Image(projector, image, _) => write_image(conn, image, target)
-                .await
-                .map_err(|e| StoreError::in_projector(projector.name(), e)),
-            Self::Apply(_) => Ok(()),
-        }
+impl ReplayApply<dyn PgProjector> for PgApply<'_> {
+    async fn apply(
+        &mut self,
+        projector: &(dyn PgProjector + 'static),
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError> {
+        projector.apply(self.0, event).await
     }
 }
 
@@ -297,40 +301,7 @@ async fn replay(
         if page.is_empty() {
             break;
         }
-        for row in &page {
-            let event = row.replay();
-            let mut decoded = Decoded::default();
-            let mut recorded = None;
-            for step in steps.iter_mut() {
-                match step {
-                    Step::Image(projector, image, changes) => {
-                        let Some(rows) = projector.rows() else {
-                            continue;
-                        };
-                        if !wants(rows.aggregate_types(), event.aggregate_type) {
-                            continue;
-                        }
-                        rows.changes(&EventView::of_replay(&event), &mut decoded, changes)
-                            .and_then(|()| image.apply(changes, event.position))
-                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-                    }
-                    Step::Apply(projector) => {
-                        if !wants(projector.aggregate_types(), event.aggregate_type) {
-                            continue;
-                        }
-                        if recorded.is_none() {
-                            recorded = Some(row.recorded()?);
-                        }
-                        if let Some(recorded) = &recorded {
-                            projector
-                                .apply(conn, recorded)
-                                .await
-                                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-                        }
-                    }
-                }
-            }
-        }
+        fold_page(steps, &page, &mut PgApply(&mut *conn)).await?;
         on_page(page.len() as u64);
     }
     close_rebuild_cursor(conn).await

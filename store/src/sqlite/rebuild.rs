@@ -5,10 +5,12 @@ use std::sync::Arc;
 use super::events::{checkpoint_in_tx, read_raw_range_in_tx, set_checkpoint_in_tx, Cell};
 use super::SqliteStore;
 use crate::error::StoreError;
-use crate::projector::{EventView, RowChange, SqliteProjector};
+use crate::event::RecordedEvent;
+use crate::projector::SqliteProjector;
+use crate::ready::run_ready;
 use crate::rebuild::{
-    snapshot_table, wants, Decoded, Image, Progress, RebuildMode, RebuildReport, TableDifference,
-    REBUILD_PAGE,
+    fold_page, snapshot_table, Image, Progress, RebuildMode, RebuildReport, ReplayApply,
+    TableDifference, REBUILD_PAGE,
 };
 
 impl SqliteStore {
@@ -66,7 +68,7 @@ impl SqliteStore {
                 progress(done.get(), total as u64);
             })?;
             for step in steps {
-                step.write(tx)?;
+                write_step(tx, step)?;
             }
             for projector in &catch_up {
                 set_checkpoint_in_tx(tx, projector.name(), head)?;
@@ -87,30 +89,28 @@ impl SqliteStore {
     }
 }
 
-/// How one projector takes part in a replay.
-enum Step {
-    /// A row projector: its changes folded into an image of its tables, written at the end
-    /// (the buffer of an event's changes is reused from one event to the next).
-    Image(Arc<dyn SqliteProjector>, Image, Vec<RowChange>),
-    /// Applied event by event.
-    Apply(Arc<dyn SqliteProjector>),
+type Step = crate::rebuild::Step<dyn SqliteProjector>;
+
+/// Writes a row projector's image (nothing for a projector applied event by event).
+fn write_step(tx: &rusqlite::Transaction<'_>, step: Step) -> Result<(), StoreError> {
+    match step.into_image() {
+        Some((projector, image)) => {
+            write_image(tx, image).map_err(|e| StoreError::in_projector(projector.name(), e))
+        }
+        None => Ok(()),
+    }
 }
 
-impl Step {
-    fn of(projector: &Arc<dyn SqliteProjector>) -> Self {
-        match projector.rows() {
-            Some(_) => Self::Image(projector.clone(), Image::default(), Vec::new()),
-            None => Self::Apply(projector.clone()),
-        }
-    }
+/// Applies projectors event by event on the replay's write transaction.
+struct SqliteApply<'a, 't>(&'a rusqlite::Transaction<'t>);
 
-    fn write(self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-        match self {
-            Self::Image(projector, image, _) => {
-                write_image(tx, image).map_err(|e| StoreError::in_projector(projector.name(), e))
-            }
-            Self::Apply(_) => Ok(()),
-        }
+impl ReplayApply<dyn SqliteProjector> for SqliteApply<'_, '_> {
+    async fn apply(
+        &mut self,
+        projector: &(dyn SqliteProjector + 'static),
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError> {
+        projector.apply(self.0, event)
     }
 }
 
@@ -148,39 +148,7 @@ fn replay(
     while from < head {
         let through = head.min(from.saturating_add(REBUILD_PAGE));
         let page = read_raw_range_in_tx(tx, from, through)?;
-        for row in &page {
-            let event = row.replay();
-            let mut decoded = Decoded::default();
-            let mut recorded = None;
-            for step in steps.iter_mut() {
-                match step {
-                    Step::Image(projector, image, changes) => {
-                        let Some(rows) = projector.rows() else {
-                            continue;
-                        };
-                        if !wants(rows.aggregate_types(), event.aggregate_type) {
-                            continue;
-                        }
-                        rows.changes(&EventView::of_replay(&event), &mut decoded, changes)
-                            .and_then(|()| image.apply(changes, event.position))
-                            .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-                    }
-                    Step::Apply(projector) => {
-                        if !wants(projector.aggregate_types(), event.aggregate_type) {
-                            continue;
-                        }
-                        if recorded.is_none() {
-                            recorded = Some(row.recorded()?);
-                        }
-                        if let Some(recorded) = &recorded {
-                            projector
-                                .apply(tx, recorded)
-                                .map_err(|e| StoreError::in_projector(projector.name(), e))?;
-                        }
-                    }
-                }
-            }
-        }
+        run_ready(fold_page(steps, &page, &mut SqliteApply(tx)))?;
         on_page(page.len() as u64);
         from = through;
     }
