@@ -5,10 +5,9 @@
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
-use wharf_store::event::from_micros;
-use wharf_store::{GroupFiguresRow, InstanceRecord, PgStore, StoreError};
+use wharf_store::{GroupFiguresRow, InstanceRecord, StoreError};
 
-use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
+use crate::listing::{PageRows, Snapshot};
 use crate::views::{EffectiveRow, WaitingRow};
 
 /// The one-group statement with `$figures` after the group row's columns, `$join` after its
@@ -125,7 +124,7 @@ mod col {
 /// Decodes [`PG_GROUP_ROWS`]' rows in the order they came back: the group's row (the clock,
 /// the catch-up check, the effective row), then its members; checks the group's row leads and
 /// no other repeats it. With `figures`, the group's row carries its queue figures too.
-fn decode(
+pub(crate) fn decode_group_rows(
     found: Vec<PgRow>,
     figures: bool,
 ) -> Result<(Snapshot<PageRows>, Option<GroupFiguresRow>), StoreError> {
@@ -139,7 +138,7 @@ fn decode(
     let (last, checkpoint): (i64, i64) = (head.try_get(col::HEAD)?, head.try_get(col::CHECKPOINT)?);
     let mut read = Snapshot {
         now: head.try_get(col::NOW)?,
-        behind: last > checkpoint,
+        behind: crate::reads::behind(last, checkpoint),
         rows: PageRows {
             effective: Vec::new(),
             waiting: Vec::new(),
@@ -223,42 +222,4 @@ fn group_instance(row: &PgRow, group: String) -> Result<InstanceRecord, StoreErr
         started_at: row.try_get(col::STARTED_AT)?,
         heartbeat_at: row.try_get(col::HEARTBEAT_AT)?,
     })
-}
-
-/// One group with a page of its members, the clock and the catch-up check, and with
-/// `figures` its queue figures: one statement.
-pub(crate) async fn pg_group_snapshot(
-    store: &PgStore,
-    group: String,
-    keys: &MemberKeys,
-    figures: bool,
-) -> Result<(Snapshot<PageRows>, CarriedFigures), StoreError> {
-    let (after_at, after_declarer) = keys
-        .waiters_after
-        .clone()
-        .map(|(at, declarer)| (Some(from_micros(at)), Some(declarer)))
-        .unwrap_or((None, None));
-    // The call is a statement each connection prepares once (ADR 0046); the function plans
-    // its statement once per connection, by key whatever the statistics (ADR 0058).
-    let call = if figures {
-        PG_GROUP_READ_CALL
-    } else {
-        PG_GROUP_ROWS_CALL
-    };
-    let found = sqlx::query(call)
-        .bind(&group)
-        .bind(after_at)
-        .bind(after_declarer)
-        .bind(keys.fetch)
-        .bind(&keys.instances_after)
-        .bind(crate::declaration::DeclarerAttempts::NAME)
-        .fetch_all(store.pool())
-        .await?;
-    let (read, carried) = decode(found, figures)?;
-    let carried = if figures {
-        CarriedFigures::Read(carried.map(|row| (group, row)).into_iter().collect())
-    } else {
-        CarriedFigures::NotRead
-    };
-    Ok((read, carried))
 }

@@ -17,6 +17,7 @@
 //! here decides anything or appends an event.
 
 pub mod audit;
+mod backend;
 pub mod cursor;
 pub mod declaration;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod open_waits;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod prune;
+mod reads;
 mod rfc3339;
 pub mod rows;
 pub mod session;
@@ -38,6 +40,7 @@ mod walks;
 
 use std::sync::Arc;
 
+use backend::ReadBackend;
 use listing::{MemberKeys, MAX_PAGE};
 use wharf_domain::GroupName;
 use wharf_store::{
@@ -64,9 +67,6 @@ pub use views::{EffectiveView, GroupView, InstanceView, WaiterView};
 /// The member page of reads that list every waiter and instance.
 const MEMBERS_ALL: u32 = u32::MAX - 1;
 
-/// How many events a catch-up transaction applies at most.
-const CATCH_UP_BATCH: i64 = 500;
-
 /// The inline projectors a SQLite store must run.
 pub fn sqlite_inline() -> Vec<Arc<dyn SqliteProjector>> {
     vec![
@@ -87,14 +87,6 @@ pub fn pg_inline() -> Vec<Arc<dyn PgProjector>> {
     ]
 }
 
-fn sqlite_catch_up() -> Vec<Arc<dyn SqliteProjector>> {
-    vec![Arc::new(DeclarerAttempts)]
-}
-
-fn pg_catch_up() -> Vec<Arc<dyn PgProjector>> {
-    vec![Arc::new(DeclarerAttempts)]
-}
-
 /// How far one catch-up projector is behind the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProjectionLag {
@@ -108,6 +100,8 @@ pub struct ProjectionLag {
 #[derive(Clone)]
 pub struct ReadModel {
     store: Store,
+    /// The store's backend, chosen once.
+    backend: Arc<dyn ReadBackend>,
     instance_ttl: chrono::Duration,
 }
 
@@ -116,6 +110,7 @@ impl ReadModel {
     /// not live.
     pub fn new(store: Store, instance_ttl: std::time::Duration) -> Self {
         Self {
+            backend: backend::for_store(&store),
             store,
             instance_ttl: chrono::Duration::from_std(instance_ttl).unwrap_or(chrono::Duration::MAX),
         }
@@ -144,20 +139,7 @@ impl ReadModel {
 
     /// Applies every event the catch-up projectors have not seen; returns how many.
     pub async fn catch_up(&self) -> Result<u64, StoreError> {
-        let mut applied = 0;
-        match &self.store {
-            Store::Sqlite(s) => {
-                for projector in sqlite_catch_up() {
-                    applied += s.catch_up(projector, CATCH_UP_BATCH).await?;
-                }
-            }
-            Store::Postgres(s) => {
-                for projector in pg_catch_up() {
-                    applied += s.catch_up(projector, CATCH_UP_BATCH).await?;
-                }
-            }
-        }
-        Ok(applied)
+        self.backend.catch_up().await
     }
 
     /// How far each catch-up projector is behind the log: the events it has not applied yet.
@@ -167,47 +149,7 @@ impl ReadModel {
     /// listing, which catches up first), a value above zero means the projector cannot keep up
     /// or fails.
     pub async fn projection_lag(&self) -> Result<Vec<ProjectionLag>, StoreError> {
-        // Bounded on both ends (checkpoint, head): an index range whatever the plan.
-        const SQLITE_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
-               (SELECT position FROM projection_checkpoint WHERE projector = ?1), 0) \
-               AND position <= (SELECT MAX(position) FROM events)";
-        const PG_BEHIND: &str = "SELECT COUNT(*) FROM events WHERE position > COALESCE( \
-               (SELECT position FROM projection_checkpoint WHERE projector = $1), 0) \
-               AND position <= (SELECT MAX(position) FROM events)";
-        let mut lags = Vec::new();
-        match &self.store {
-            Store::Sqlite(s) => {
-                for projector in sqlite_catch_up() {
-                    let name = projector.name();
-                    let behind = s
-                        .read(move |conn| {
-                            Ok(conn
-                                .prepare_cached(SQLITE_BEHIND)?
-                                .query_row([name], |row| row.get::<_, i64>(0))?)
-                        })
-                        .await?;
-                    lags.push(ProjectionLag {
-                        projector: name,
-                        behind,
-                    });
-                }
-            }
-            Store::Postgres(s) => {
-                for projector in pg_catch_up() {
-                    let name = projector.name();
-                    let behind: i64 = sqlx::query_scalar(PG_BEHIND)
-                        .bind(name)
-                        .persistent(false)
-                        .fetch_one(s.pool())
-                        .await?;
-                    lags.push(ProjectionLag {
-                        projector: name,
-                        behind,
-                    });
-                }
-            }
-        }
-        Ok(lags)
+        self.backend.projection_lag().await
     }
 
     /// Every declared group with all its open waiters and instances, by name. Catches up
@@ -273,11 +215,10 @@ impl ReadModel {
             self.catch_up().await?;
             read = self.read_summaries(&page, figures).await?;
         }
-        let carried = match &self.store {
-            Store::Postgres(_) if figures => {
-                CarriedFigures::Read(summary::take_figures(&mut read, query.limit))
-            }
-            _ => CarriedFigures::NotRead,
+        let carried = if figures && self.backend.carries_figures() {
+            CarriedFigures::Read(summary::take_figures(&mut read, query.limit))
+        } else {
+            CarriedFigures::NotRead
         };
         Ok((summary::page(read, query.limit), carried))
     }
@@ -297,13 +238,9 @@ impl ReadModel {
         page: &rows::PageKeys,
         figures: bool,
     ) -> Result<summary::Snapshot<Vec<summary::SummaryRow>>, StoreError> {
-        match &self.store {
-            Store::Sqlite(s) => {
-                let now = s.now().await?;
-                summary::sqlite_summaries(s, page.clone(), now, self.ttl_micros()).await
-            }
-            Store::Postgres(s) => summary::pg_summaries(s, page, self.ttl_micros(), figures).await,
-        }
+        self.backend
+            .summaries(page, self.ttl_micros(), figures)
+            .await
     }
 
     async fn read_page(
@@ -313,10 +250,7 @@ impl ReadModel {
     ) -> Result<GroupPage, ProjectionError> {
         let limit = (page.fetch - 1) as u32;
         let keys = MemberKeys::first(members);
-        let rows = match &self.store {
-            Store::Sqlite(s) => rows::sqlite_page(s, page, keys).await?,
-            Store::Postgres(s) => rows::pg_page(s, page, keys).await?,
-        };
+        let rows = self.backend.page(page, keys).await?;
         let now = self.store.now().await?;
         Ok(listing::page(rows, limit, members, now, self.instance_ttl))
     }
@@ -383,32 +317,18 @@ impl ReadModel {
         keys: &MemberKeys,
         figures: bool,
     ) -> Result<(summary::Snapshot<listing::PageRows>, CarriedFigures), StoreError> {
-        let group = group.to_string();
-        match &self.store {
-            Store::Sqlite(s) => {
-                let now = s.now().await?;
-                let read = rows::sqlite_group_snapshot(s, group, keys.clone(), now).await?;
-                Ok((read, CarriedFigures::NotRead))
-            }
-            Store::Postgres(s) => group_rows::pg_group_snapshot(s, group, keys, figures).await,
-        }
+        self.backend.group(group.to_string(), keys, figures).await
     }
 
     /// True when the group has an effective declaration. One read of the inline projection,
     /// which is always current: no catch-up, no view assembled.
     pub async fn is_declared(&self, group: &GroupName) -> Result<bool, StoreError> {
-        match &self.store {
-            Store::Sqlite(s) => rows::sqlite_is_declared(s, group.to_string()).await,
-            Store::Postgres(s) => rows::pg_is_declared(s, group.to_string()).await,
-        }
+        self.backend.is_declared(group.to_string()).await
     }
 
     /// The group's effective binding rows, as claims read them (empty = whole topic).
     pub async fn effective_bindings(&self, group: &GroupName) -> Result<Vec<String>, StoreError> {
-        match &self.store {
-            Store::Sqlite(s) => rows::sqlite_bindings(s, group.to_string()).await,
-            Store::Postgres(s) => rows::pg_bindings(s, group.to_string()).await,
-        }
+        self.backend.bindings(group.to_string()).await
     }
 
     /// A page of a group's declaration history from the ledger.
@@ -424,10 +344,7 @@ impl ReadModel {
         progress: Progress,
     ) -> Result<RebuildReport, StoreError> {
         self.store.ensure_not_newer("projections rebuild").await?;
-        match &self.store {
-            Store::Sqlite(s) => s.rebuild(sqlite_catch_up(), mode, progress).await,
-            Store::Postgres(s) => s.rebuild(pg_catch_up(), mode, progress).await,
-        }
+        self.backend.rebuild(mode, progress).await
     }
 
     /// Replaces every group snapshot with one re-derived from the events, for each group with

@@ -14,16 +14,10 @@
 //! they are a group's fleet, not its history.
 
 use chrono::{DateTime, Utc};
-use rusqlite::{params, TransactionBehavior};
 use serde::Serialize;
-use sqlx::Row;
-use wharf_store::{GroupFiguresRow, PgStore, SqliteStore, StoreError};
+use wharf_store::GroupFiguresRow;
 
-use crate::declaration::DeclarerAttempts;
-use crate::rows::{
-    page_sql, sqlite_behind, sqlite_effective_row, sqlite_waiting_row, PageKeys, RawEffective,
-    RawWaiter,
-};
+use crate::rows::page_sql;
 use crate::views::{EffectiveView, WaiterView};
 use crate::walks::{oldest_waiter, page_sql_with, PageExtra};
 
@@ -292,158 +286,6 @@ pub const PG_SUMMARIES_CALL: &str = "SELECT * FROM wharf_group_summaries($1, $2,
 /// `wharf_group_page` (Postgres migration 0030, ADR 0072) runs [`pg_page_sql`] with the
 /// arguments of [`PG_SUMMARIES_CALL`].
 pub const PG_PAGE_CALL: &str = "SELECT * FROM wharf_group_page($1, $2, $3, $4, $5, $6)";
-
-/// The column where a page row's queue figures start ([`pg_page_sql`]).
-const FIGURES_FROM: usize = 22;
-
-/// The summary page on Postgres, with each group's queue figures when `figures` is set;
-/// `ttl_micros` decides which instances count as live.
-pub(crate) async fn pg_summaries(
-    store: &PgStore,
-    page: &PageKeys,
-    ttl_micros: i64,
-    figures: bool,
-) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
-    // A statement each connection prepares once: the call (ADR 0046). The function plans
-    // the page's statement once per connection, by key whatever the statistics (ADR 0058).
-    let call = if figures {
-        PG_PAGE_CALL
-    } else {
-        PG_SUMMARIES_CALL
-    };
-    let rows = sqlx::query(call)
-        .bind(&page.after)
-        .bind(page.fetch)
-        .bind(&page.topic)
-        .bind(page.waiting)
-        .bind(DeclarerAttempts::NAME)
-        .bind(ttl_micros)
-        .fetch_all(store.pool())
-        .await?;
-    let first = rows
-        .first()
-        .ok_or_else(|| StoreError::decode(0, "the listing statement answered no row"))?;
-    let now: DateTime<Utc> = first.try_get(0)?;
-    let (head, checkpoint): (i64, i64) = (first.try_get(1)?, first.try_get(2)?);
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let Some(group) = row.try_get::<Option<String>, _>(3)? else {
-            continue;
-        };
-        let effective = crate::rows::pg_effective_columns(row, group.clone())?;
-        let oldest = match row.try_get::<Option<String>, _>(14)? {
-            Some(declarer) => Some(crate::views::WaitingRow {
-                group,
-                declarer,
-                version: row.try_get(15)?,
-                patterns: row.try_get(16)?,
-                incumbent: row
-                    .try_get::<Option<Vec<String>>, _>(17)?
-                    .unwrap_or_default(),
-                declared_at: row.try_get(18)?,
-                attempt_at: row.try_get(19)?,
-            }),
-            None => None,
-        };
-        out.push(SummaryRow {
-            effective,
-            waiters: row.try_get(13)?,
-            oldest,
-            instances: row.try_get(20)?,
-            live: row.try_get(21)?,
-            figures: if figures {
-                GroupFiguresRow::from_pg(row, FIGURES_FROM)?
-            } else {
-                None
-            },
-        });
-    }
-    Ok(Snapshot {
-        rows: out,
-        now,
-        behind: head > checkpoint,
-    })
-}
-
-/// The summary page on SQLite, in one read transaction; `now` is the store's clock and
-/// `ttl_micros` decides which instances count as live.
-pub(crate) async fn sqlite_summaries(
-    store: &SqliteStore,
-    page: PageKeys,
-    now: DateTime<Utc>,
-    ttl_micros: i64,
-) -> Result<Snapshot<Vec<SummaryRow>>, StoreError> {
-    let live_after = now.timestamp_micros().saturating_sub(ttl_micros);
-    store
-        .read(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-            let behind = sqlite_behind(&tx)?;
-            let raw = {
-                let mut stmt =
-                    tx.prepare_cached(&sqlite_summary_sql(page.topic.is_some(), page.waiting))?;
-                let rows = stmt.query_map(
-                    params![page.after, page.fetch, page.topic, live_after],
-                    sqlite_summary_row,
-                )?;
-                rows.collect::<Result<Vec<_>, _>>()?
-            };
-            tx.commit()?;
-            let rows = raw
-                .into_iter()
-                .map(RawSummary::decode)
-                .collect::<Result<_, _>>()?;
-            Ok(Snapshot { rows, now, behind })
-        })
-        .await
-}
-
-/// A summary row as SQLite answers it, before its lists and times are decoded.
-struct RawSummary {
-    effective: RawEffective,
-    waiters: i64,
-    oldest: Option<RawWaiter>,
-    instances: i64,
-    live: i64,
-}
-
-fn sqlite_summary_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawSummary> {
-    let oldest = match r.get::<_, Option<String>>(11)? {
-        Some(declarer) => Some((
-            declarer,
-            r.get(12)?,
-            r.get(13)?,
-            r.get(14)?,
-            r.get(15)?,
-            r.get(16)?,
-        )),
-        None => None,
-    };
-    Ok(RawSummary {
-        effective: sqlite_effective_row(r)?,
-        waiters: r.get(10)?,
-        oldest,
-        instances: r.get(17)?,
-        live: r.get(18)?,
-    })
-}
-
-impl RawSummary {
-    fn decode(self) -> Result<SummaryRow, StoreError> {
-        let effective = self.effective.decode()?;
-        let oldest = self
-            .oldest
-            .map(|raw| sqlite_waiting_row(effective.group.clone(), raw))
-            .transpose()?;
-        Ok(SummaryRow {
-            effective,
-            waiters: self.waiters,
-            oldest,
-            instances: self.instances,
-            live: self.live,
-            figures: None,
-        })
-    }
-}
 
 #[cfg(test)]
 mod tests {
