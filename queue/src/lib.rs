@@ -23,6 +23,7 @@ mod matchers;
 pub mod message;
 mod nack;
 mod postgres;
+mod retention;
 mod routing;
 mod sqlite;
 pub mod wakeups;

@@ -2,7 +2,7 @@
 
 mod claim;
 mod publish;
-pub(crate) mod retention;
+mod retention;
 mod route;
 mod route_sql;
 mod stats;
@@ -23,6 +23,8 @@ use crate::message::{
     NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, SwapRecord,
     TopicStats,
 };
+use crate::retention::RetentionLimits;
+use retention::PgRetention;
 
 pub(crate) use claim::{settle_in, ACK, BURY, EXTEND, KEYED_PLANS, NACK_MARK, NACK_RETRY, SETTLE};
 pub(crate) use route::{INSTALL_IN_EFFECT, INSTALL_ON_TOPIC, SETTLED_LOOK, SLICE as ROUTE_SLICE};
@@ -166,11 +168,11 @@ impl QueueBackend for PgQueue {
         instance_ttl: Duration,
         batch: i64,
     ) -> Pending<'_, RetentionReport> {
-        Box::pin(retention::retain(
-            &self.store,
+        let limits = RetentionLimits {
             retention,
             instance_ttl,
             batch,
-        ))
+        };
+        Box::pin(async move { crate::retention::retain(&PgRetention(&self.store), limits).await })
     }
 }

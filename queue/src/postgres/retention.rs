@@ -1,12 +1,7 @@
-//! Retention on Postgres: delete, in bounded batches, messages older than the retention that
-//! no live group still needs (ADR 0014: being routed past is not being consumed, since a swap
-//! applies to everything the log still holds; so age is the only limit).
-//!
-//! A live group (an instance with a fresh heartbeat) needs what it has not routed or, after a
-//! swap, not rescanned, and what waits in its deliveries. Each batch recomputes the floors in its own
-//! transaction, under a per-topic retention lock that a dead-letter replay also takes, so a
-//! message replayed mid-pass raises the floor before the next batch looks. Publishers (topic row
-//! lock) and claimers (delivery row locks) never take that lock, so neither waits on retention.
+//! Retention's statements on Postgres (the pass and its rules: `retention.rs`). Each batch runs
+//! under a per-topic retention lock that a dead-letter replay also takes, so a message replayed
+//! mid-pass raises the floor before the next batch looks. Publishers (topic row lock) and
+//! claimers (delivery row locks) never take that lock, so neither waits on retention.
 
 use std::time::Duration;
 
@@ -14,7 +9,7 @@ use sqlx::PgConnection;
 use wharf_store::PgStore;
 
 use crate::error::QueueError;
-use crate::message::RetentionReport;
+use crate::retention::{self, BatchDeleted, RetentionBatch, RetentionLimits, RetentionRunner};
 
 /// The lowest position the topic must keep for its live groups: what each has not routed (or,
 /// after a swap, not rescanned) and what waits in its deliveries.
@@ -42,79 +37,94 @@ pub(crate) async fn lock_retention(conn: &mut PgConnection, topic: &str) -> Resu
     Ok(())
 }
 
-/// Runs one retention pass over every topic.
-pub(crate) async fn retain(
-    store: &PgStore,
-    retention: Duration,
-    instance_ttl: Duration,
-    batch: i64,
-) -> Result<RetentionReport, QueueError> {
-    let topics: Vec<String> = sqlx::query_scalar("SELECT name FROM topic ORDER BY name")
-        .fetch_all(store.pool())
-        .await?;
-    let mut report = RetentionReport::default();
-    for topic in topics {
-        loop {
-            let (messages, orphans, parked) =
-                retain_batch(store, &topic, retention, instance_ttl, batch).await?;
-            report.messages += messages;
-            report.orphaned_deliveries += orphans;
-            report.set_aside_dropped += parked;
-            if (messages as i64) < batch {
-                break;
-            }
-        }
+/// A retention pass on a Postgres store.
+pub(super) struct PgRetention<'s>(pub &'s PgStore);
+
+impl RetentionRunner for PgRetention<'_> {
+    async fn topics(&self) -> Result<Vec<String>, QueueError> {
+        Ok(sqlx::query_scalar("SELECT name FROM topic ORDER BY name")
+            .fetch_all(self.0.pool())
+            .await?)
     }
-    Ok(report)
+
+    async fn batch(
+        &self,
+        topic: &str,
+        limits: RetentionLimits,
+    ) -> Result<BatchDeleted, QueueError> {
+        let mut tx = self.0.pool().begin().await?;
+        lock_retention(&mut tx, topic).await?;
+        let deleted = retention::batch(&mut PgBatch(&mut tx), topic, limits).await?;
+        tx.commit().await?;
+        Ok(deleted)
+    }
 }
 
-/// One batch: a fresh floor, up to `batch` deleted messages, and the deliveries (and set-aside
-/// deliveries) whose messages aged out: they can never be handed out again.
-async fn retain_batch(
-    store: &PgStore,
-    topic: &str,
-    retention: Duration,
-    instance_ttl: Duration,
-    batch: i64,
-) -> Result<(u64, u64, u64), QueueError> {
-    let mut tx = store.pool().begin().await?;
-    lock_retention(&mut tx, topic).await?;
-    let live_floor: i64 = sqlx::query_scalar(LIVE_FLOOR)
+/// One batch's statements on its transaction, under the topic's retention lock.
+struct PgBatch<'c>(&'c mut PgConnection);
+
+impl RetentionBatch for PgBatch<'_> {
+    async fn live_floor(&mut self, topic: &str, instance_ttl: Duration) -> Result<i64, QueueError> {
+        Ok(sqlx::query_scalar(LIVE_FLOOR)
+            .bind(topic)
+            .bind(instance_ttl.as_secs_f64())
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
+
+    async fn delete_aged(
+        &mut self,
+        topic: &str,
+        floor: i64,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, QueueError> {
+        Ok(sqlx::query(
+            "DELETE FROM message WHERE topic = $1 AND position IN ( \
+               SELECT position FROM message WHERE topic = $1 AND position < $2 \
+                 AND published_at < clock_timestamp() - make_interval(secs => $3) \
+               ORDER BY position LIMIT $4)",
+        )
         .bind(topic)
-        .bind(instance_ttl.as_secs_f64())
-        .fetch_one(&mut *tx)
-        .await?;
-    let messages = sqlx::query(
-        "DELETE FROM message WHERE topic = $1 AND position IN ( \
-           SELECT position FROM message WHERE topic = $1 AND position < $2 \
-             AND published_at < clock_timestamp() - make_interval(secs => $3) \
-           ORDER BY position LIMIT $4)",
-    )
-    .bind(topic)
-    .bind(live_floor)
-    .bind(retention.as_secs_f64())
-    .bind(batch)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    let orphans = sqlx::query(
-        "DELETE FROM delivery d WHERE d.topic = $1 AND d.position < $2 \
-         AND NOT EXISTS (SELECT 1 FROM message m WHERE m.topic = d.topic AND m.position = d.position)",
-    )
-    .bind(topic)
-    .bind(live_floor)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    let parked = sqlx::query(
-        "DELETE FROM set_aside s WHERE s.topic = $1 AND s.position < $2 \
-         AND NOT EXISTS (SELECT 1 FROM message m WHERE m.topic = s.topic AND m.position = s.position)",
-    )
-    .bind(topic)
-    .bind(live_floor)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    Ok((messages, orphans, parked))
+        .bind(floor)
+        .bind(retention.as_secs_f64())
+        .bind(batch)
+        .execute(&mut *self.0)
+        .await?
+        .rows_affected())
+    }
+
+    async fn drop_orphaned_deliveries(
+        &mut self,
+        topic: &str,
+        floor: i64,
+    ) -> Result<u64, QueueError> {
+        Ok(sqlx::query(
+            "DELETE FROM delivery d WHERE d.topic = $1 AND d.position < $2 \
+             AND NOT EXISTS (SELECT 1 FROM message m \
+               WHERE m.topic = d.topic AND m.position = d.position)",
+        )
+        .bind(topic)
+        .bind(floor)
+        .execute(&mut *self.0)
+        .await?
+        .rows_affected())
+    }
+
+    async fn drop_orphaned_set_aside(
+        &mut self,
+        topic: &str,
+        floor: i64,
+    ) -> Result<u64, QueueError> {
+        Ok(sqlx::query(
+            "DELETE FROM set_aside s WHERE s.topic = $1 AND s.position < $2 \
+             AND NOT EXISTS (SELECT 1 FROM message m \
+               WHERE m.topic = s.topic AND m.position = s.position)",
+        )
+        .bind(topic)
+        .bind(floor)
+        .execute(&mut *self.0)
+        .await?
+        .rows_affected())
+    }
 }

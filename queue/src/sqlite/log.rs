@@ -1,6 +1,4 @@
-//! Publishing, retention and listing figures on SQLite.
-
-use std::time::Duration;
+//! Publishing and listing figures on SQLite.
 
 use rusqlite::params;
 use wharf_domain::TopicName;
@@ -8,11 +6,7 @@ use wharf_store::event::from_micros;
 use wharf_store::SqliteStore;
 
 use crate::error::QueueError;
-use crate::message::{GroupQueueStats, OutgoingMessage, RetentionReport, SwapRecord, TopicStats};
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
+use crate::message::{GroupQueueStats, OutgoingMessage, SwapRecord, TopicStats};
 
 /// Appends `messages` to `topic` in one transaction; returns their positions.
 pub(crate) async fn publish(
@@ -51,78 +45,6 @@ pub(crate) async fn publish(
             Ok((first..=head).collect())
         })
         .await?)
-}
-
-/// The lowest position a topic must keep for its live groups: what each has not routed (or,
-/// after a swap, not rescanned) and what waits in its deliveries.
-const LIVE_FLOOR: &str = "SELECT \
-       MIN(t.head + 1, \
-         COALESCE((SELECT MIN(MIN(g.routed_position + 1, \
-             CASE WHEN g.rescan_position <= g.rescan_until THEN g.rescan_position \
-                  ELSE g.routed_position + 1 END)) \
-           FROM consumer_group g WHERE g.topic = t.name \
-           AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = g.group_name AND w.heartbeat_at > ?2)), t.head + 1), \
-         COALESCE((SELECT MIN(d.position) FROM delivery d WHERE d.topic = t.name \
-           AND EXISTS (SELECT 1 FROM worker_instance w WHERE w.group_name = d.group_name AND w.heartbeat_at > ?2)), t.head + 1)) \
-     FROM topic t WHERE t.name = ?1";
-
-/// One retention pass over every topic (see the Postgres twin for the rules). Each batch
-/// computes its floors inside its own write transaction, so a replay between batches counts.
-pub(crate) async fn retain(
-    store: &SqliteStore,
-    retention: Duration,
-    instance_ttl: Duration,
-    batch: i64,
-) -> Result<RetentionReport, QueueError> {
-    let topics: Vec<String> = store
-        .read(|conn| {
-            let mut stmt = conn.prepare_cached("SELECT name FROM topic ORDER BY name")?;
-            let names = stmt
-                .query_map([], |row| row.get(0))?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(names)
-        })
-        .await?;
-    let mut report = RetentionReport::default();
-    for topic in topics {
-        loop {
-            let topic = topic.clone();
-            let (messages, orphans, parked) = store
-                .write(move |ctx| {
-                    let now = ctx.now.timestamp_micros();
-                    let live_floor: i64 = ctx.tx.query_row(
-                        LIVE_FLOOR,
-                        params![topic, now - micros(instance_ttl)],
-                        |row| row.get(0),
-                    )?;
-                    let messages = ctx.tx.execute(
-                        "DELETE FROM message WHERE topic = ?1 AND position IN ( \
-                           SELECT position FROM message WHERE topic = ?1 AND position < ?2 \
-                             AND published_at < ?3 ORDER BY position LIMIT ?4)",
-                        params![topic, live_floor, now - micros(retention), batch],
-                    )?;
-                    let orphans = ctx.tx.execute(
-                        "DELETE FROM delivery WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
-                         (SELECT 1 FROM message m WHERE m.topic = delivery.topic AND m.position = delivery.position)",
-                        params![topic, live_floor],
-                    )?;
-                    let parked = ctx.tx.execute(
-                        "DELETE FROM set_aside WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
-                         (SELECT 1 FROM message m WHERE m.topic = set_aside.topic AND m.position = set_aside.position)",
-                        params![topic, live_floor],
-                    )?;
-                    Ok((messages as u64, orphans as u64, parked as u64))
-                })
-                .await?;
-            report.messages += messages;
-            report.orphaned_deliveries += orphans;
-            report.set_aside_dropped += parked;
-            if (messages as i64) < batch {
-                break;
-            }
-        }
-    }
-    Ok(report)
 }
 
 /// Every topic's head and retained size.

@@ -6,6 +6,7 @@ mod claim;
 mod claimed;
 mod fetch;
 mod log;
+mod retention;
 mod route;
 mod route_sql;
 
@@ -25,6 +26,8 @@ use crate::message::{
     NackOutcome, OutgoingMessage, QueueSettings, RetentionReport, RouteReport, SwapRecord,
     TopicStats,
 };
+use crate::retention::RetentionLimits;
+use retention::SqliteRetention;
 
 pub(crate) use log::{group_stats_sql, GROUPS_NAMED};
 
@@ -164,6 +167,13 @@ impl QueueBackend for SqliteQueue {
         instance_ttl: Duration,
         batch: i64,
     ) -> Pending<'_, RetentionReport> {
-        Box::pin(log::retain(&self.store, retention, instance_ttl, batch))
+        let limits = RetentionLimits {
+            retention,
+            instance_ttl,
+            batch,
+        };
+        Box::pin(
+            async move { crate::retention::retain(&SqliteRetention(&self.store), limits).await },
+        )
     }
 }
