@@ -20,8 +20,10 @@ use async_trait::async_trait;
 use wharf_store::{Progress, RebuildMode, RebuildReport, Store, StoreError};
 
 use crate::declaration::DeclarerAttempts;
+use crate::lease::RawLease;
 use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
 use crate::rows::PageKeys;
+use crate::session_views::{FilterRow, SessionRow};
 use crate::summary::SummaryRow;
 use crate::ProjectionLag;
 
@@ -75,6 +77,15 @@ pub(crate) trait ReadBackend: Send + Sync {
 
     /// The group's effective binding rows (empty = whole topic).
     async fn bindings(&self, group: String) -> Result<Vec<String>, StoreError>;
+
+    /// The managed sessions (one, or all) and their filters, in one snapshot.
+    async fn sessions(
+        &self,
+        id: Option<String>,
+    ) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError>;
+
+    /// The session lease rows (one session's, or all), by session id.
+    async fn leases(&self, id: Option<String>) -> Result<Vec<RawLease>, StoreError>;
 }
 
 /// The backend of `store`.

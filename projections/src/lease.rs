@@ -187,7 +187,8 @@ impl LeaseRow {
     }
 }
 
-type RawRow = (
+/// A `session_lease` row as read, before its unsigned columns are checked.
+pub(crate) type RawLease = (
     String,
     Option<String>,
     i64,
@@ -197,7 +198,7 @@ type RawRow = (
     i64,
 );
 
-fn row_of(raw: RawRow) -> Result<LeaseRow, StoreError> {
+fn row_of(raw: RawLease) -> Result<LeaseRow, StoreError> {
     let (session_id, holder, token, ttl_ms, expires_at, last_sequence, last_position) = raw;
     let unsigned = |v: i64, what: &str| {
         u64::try_from(v).map_err(|_| StoreError::Task(format!("negative {what} in session_lease")))
@@ -213,7 +214,8 @@ fn row_of(raw: RawRow) -> Result<LeaseRow, StoreError> {
     })
 }
 
-const LEASE_COLUMNS: &str =
+/// The columns of `session_lease` a read takes, in [`RawLease`]'s order.
+pub(crate) const LEASE_COLUMNS: &str =
     "session_id, holder, token, ttl_ms, expires_at, last_sequence, last_position";
 
 /// The lease rows of one session (by its durable identity) or of all, by session id.
@@ -222,41 +224,6 @@ pub async fn session_leases(
     session_id: Option<&str>,
 ) -> Result<Vec<LeaseRow>, StoreError> {
     let id = session_id.map(str::to_owned);
-    let raw: Vec<RawRow> = match store {
-        Store::Sqlite(s) => {
-            s.read(move |conn| {
-                let sql = format!(
-                    "SELECT {LEASE_COLUMNS} FROM session_lease \
-                     WHERE ?1 IS NULL OR session_id = ?1 ORDER BY session_id"
-                );
-                let mut statement = conn.prepare_cached(&sql)?;
-                let rows = statement
-                    .query_map([&id], |r| {
-                        let micros: Option<i64> = r.get(4)?;
-                        Ok((
-                            r.get(0)?,
-                            r.get(1)?,
-                            r.get(2)?,
-                            r.get(3)?,
-                            micros.and_then(DateTime::from_timestamp_micros),
-                            r.get(5)?,
-                            r.get(6)?,
-                        ))
-                    })?
-                    .collect::<Result<Vec<RawRow>, _>>()?;
-                Ok(rows)
-            })
-            .await?
-        }
-        Store::Postgres(s) => {
-            sqlx::query_as(&format!(
-                "SELECT {LEASE_COLUMNS} FROM session_lease \
-                 WHERE $1::text IS NULL OR session_id = $1 ORDER BY session_id"
-            ))
-            .bind(&id)
-            .fetch_all(s.pool())
-            .await?
-        }
-    };
+    let raw = crate::backend::for_store(store).leases(id).await?;
     raw.into_iter().map(row_of).collect()
 }

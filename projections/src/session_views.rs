@@ -2,7 +2,7 @@
 //! the listing API and `wharf sessions list/show` show it.
 
 use serde::Serialize;
-use wharf_store::{PgStore, SqliteStore, Store, StoreError};
+use wharf_store::{Store, StoreError};
 
 /// One filter that may exist at the broker for a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,8 +50,10 @@ pub struct ManagedSessionView {
     pub filters: Vec<ManagedFilterView>,
 }
 
-type SessionRow = (String, String, Option<String>, i64);
-type FilterRow = (
+/// A managed session's row: id, baseline source, migration required, last position.
+pub(crate) type SessionRow = (String, String, Option<String>, i64);
+/// A managed filter's row: session, filter, state, the three codes, since and updated positions.
+pub(crate) type FilterRow = (
     String,
     String,
     String,
@@ -68,10 +70,7 @@ pub async fn managed_sessions(
     session_id: Option<&str>,
 ) -> Result<Vec<ManagedSessionView>, StoreError> {
     let id = session_id.map(str::to_owned);
-    let (sessions, filters) = match store {
-        Store::Sqlite(s) => sqlite_rows(s, id).await?,
-        Store::Postgres(s) => pg_rows(s, id).await?,
-    };
+    let (sessions, filters) = crate::backend::for_store(store).sessions(id).await?;
     let mut views: Vec<ManagedSessionView> = sessions
         .into_iter()
         .map(
@@ -100,61 +99,15 @@ pub async fn managed_sessions(
     Ok(views)
 }
 
-const SESSIONS_SQL: &str = "SELECT session_id, baseline_source, migration_required, last_position \
+/// The managed sessions, one (`{id}`) or all (`{id}` NULL), by id.
+pub(crate) const SESSIONS_SQL: &str =
+    "SELECT session_id, baseline_source, migration_required, last_position \
      FROM managed_session WHERE {id} IS NULL OR session_id = {id} ORDER BY session_id";
-const FILTERS_SQL: &str = "SELECT session_id, filter, state, requested_qos, granted_qos, \
+/// The managed filters of one session (`{id}`) or of all, by session and filter.
+pub(crate) const FILTERS_SQL: &str =
+    "SELECT session_id, filter, state, requested_qos, granted_qos, \
      reason_code, since_position, updated_position FROM managed_filter \
      WHERE {id} IS NULL OR session_id = {id} ORDER BY session_id, filter";
-
-async fn sqlite_rows(
-    store: &SqliteStore,
-    id: Option<String>,
-) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
-    store
-        .read(move |conn| {
-            let mut sessions = conn.prepare_cached(&SESSIONS_SQL.replace("{id}", "?1"))?;
-            let sessions = sessions
-                .query_map([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                .collect::<Result<Vec<SessionRow>, _>>()?;
-            let mut filters = conn.prepare_cached(&FILTERS_SQL.replace("{id}", "?1"))?;
-            let filters = filters
-                .query_map([&id], |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                        r.get(7)?,
-                    ))
-                })?
-                .collect::<Result<Vec<FilterRow>, _>>()?;
-            Ok((sessions, filters))
-        })
-        .await
-}
-
-async fn pg_rows(
-    store: &PgStore,
-    id: Option<String>,
-) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
-    let mut tx = store.pool().begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    let sessions: Vec<SessionRow> = sqlx::query_as(&SESSIONS_SQL.replace("{id}", "$1::text"))
-        .bind(&id)
-        .fetch_all(&mut *tx)
-        .await?;
-    let filters: Vec<FilterRow> = sqlx::query_as(&FILTERS_SQL.replace("{id}", "$1::text"))
-        .bind(&id)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    Ok((sessions, filters))
-}
 
 /// One event of a session's managed-filter ledger, as audit shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]

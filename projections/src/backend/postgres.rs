@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgArguments, PgPool, PgRow};
+use sqlx::postgres::{PgArguments, PgConnection, PgPool, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::Postgres;
 use sqlx::Row;
@@ -21,9 +21,11 @@ use super::{
 };
 use crate::declaration::DeclarerAttempts;
 use crate::group_rows::{decode_group_rows, PG_GROUP_READ_CALL, PG_GROUP_ROWS_CALL};
+use crate::lease::{RawLease, LEASE_COLUMNS};
 use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
 use crate::reads::{self, Members, ReadDialect};
 use crate::rows::{page_sql, PageKeys, PG_BINDINGS, PG_INSTANCES, PG_IS_DECLARED, PG_WAITERS};
+use crate::session_views::{FilterRow, SessionRow, FILTERS_SQL, SESSIONS_SQL};
 use crate::summary::{SummaryRow, PG_PAGE_CALL, PG_SUMMARIES_CALL};
 use crate::views::{EffectiveRow, WaitingRow};
 use crate::ProjectionLag;
@@ -43,9 +45,10 @@ pub(super) struct PgBackend {
 }
 
 /// Where the dialect's statements run: the pool (each statement on whichever connection it
-/// gets).
+/// gets) or one transaction's connection.
 enum PgOn<'a> {
     Pool(&'a PgPool),
+    Connection(&'a mut PgConnection),
 }
 
 /// The read model's statements on Postgres, run on `on`.
@@ -64,6 +67,7 @@ impl PgReads<'_> {
     {
         Ok(match &mut self.on {
             PgOn::Pool(pool) => query.fetch_all(*pool).await?,
+            PgOn::Connection(conn) => query.fetch_all(&mut **conn).await?,
         })
     }
 }
@@ -259,6 +263,16 @@ impl ReadDialect for PgReads<'_> {
             .collect();
         Ok((waiting, instances))
     }
+
+    async fn sessions(&mut self, id: Option<&str>) -> Result<Vec<SessionRow>, StoreError> {
+        let sql = SESSIONS_SQL.replace("{id}", "$1::text");
+        self.fetch_all(sqlx::query_as(&sql).bind(id)).await
+    }
+
+    async fn filters(&mut self, id: Option<&str>) -> Result<Vec<FilterRow>, StoreError> {
+        let sql = FILTERS_SQL.replace("{id}", "$1::text");
+        self.fetch_all(sqlx::query_as(&sql).bind(id)).await
+    }
 }
 
 #[async_trait]
@@ -374,5 +388,36 @@ impl ReadBackend for PgBackend {
             .bind(group)
             .fetch_all(self.store.pool())
             .await?)
+    }
+
+    /// One `REPEATABLE READ READ ONLY` transaction, so the sessions and their filters are one
+    /// snapshot.
+    async fn sessions(
+        &self,
+        id: Option<String>,
+    ) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
+        let mut tx = self.store.pool().begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let rows = reads::session_rows(
+            &mut PgReads {
+                on: PgOn::Connection(&mut tx),
+            },
+            id.as_deref(),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn leases(&self, id: Option<String>) -> Result<Vec<RawLease>, StoreError> {
+        Ok(sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM session_lease \
+             WHERE $1::text IS NULL OR session_id = $1 ORDER BY session_id"
+        ))
+        .bind(&id)
+        .fetch_all(self.store.pool())
+        .await?)
     }
 }

@@ -16,9 +16,11 @@ use super::{
     catch_up_each, catch_up_projectors, lag_each, LocalPending, ReadBackend, CATCH_UP_BATCH,
 };
 use crate::declaration::DeclarerAttempts;
+use crate::lease::{RawLease, LEASE_COLUMNS};
 use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
 use crate::reads::{self, Members, ReadDialect};
 use crate::rows::{one_sql, page_sql, PageKeys, SQLITE_INSTANCES, SQLITE_WAITERS};
+use crate::session_views::{FilterRow, SessionRow, FILTERS_SQL, SESSIONS_SQL};
 use crate::summary::{sqlite_summary_sql, SummaryRow};
 use crate::views::{EffectiveRow, WaitingRow};
 use crate::ProjectionLag;
@@ -239,6 +241,37 @@ impl ReadDialect for SqliteReads<'_> {
         }
         Ok((waiting, instances))
     }
+
+    async fn sessions(&mut self, id: Option<&str>) -> Result<Vec<SessionRow>, StoreError> {
+        let mut sessions = self
+            .conn
+            .prepare_cached(&SESSIONS_SQL.replace("{id}", "?1"))?;
+        let rows = sessions
+            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+            .collect::<Result<Vec<SessionRow>, _>>()?;
+        Ok(rows)
+    }
+
+    async fn filters(&mut self, id: Option<&str>) -> Result<Vec<FilterRow>, StoreError> {
+        let mut filters = self
+            .conn
+            .prepare_cached(&FILTERS_SQL.replace("{id}", "?1"))?;
+        let rows = filters
+            .query_map([id], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            })?
+            .collect::<Result<Vec<FilterRow>, _>>()?;
+        Ok(rows)
+    }
 }
 
 #[async_trait]
@@ -365,6 +398,47 @@ impl ReadBackend for SqliteBackend {
                 )?;
                 let rows = stmt.query_map([group], |r| r.get::<_, String>(0))?;
                 Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .await
+    }
+
+    async fn sessions(
+        &self,
+        id: Option<String>,
+    ) -> Result<(Vec<SessionRow>, Vec<FilterRow>), StoreError> {
+        self.store
+            .read(move |conn| {
+                run_ready(reads::session_rows(
+                    &mut SqliteReads { conn },
+                    id.as_deref(),
+                ))
+            })
+            .await
+    }
+
+    async fn leases(&self, id: Option<String>) -> Result<Vec<RawLease>, StoreError> {
+        self.store
+            .read(move |conn| {
+                let sql = format!(
+                    "SELECT {LEASE_COLUMNS} FROM session_lease \
+                     WHERE ?1 IS NULL OR session_id = ?1 ORDER BY session_id"
+                );
+                let mut statement = conn.prepare_cached(&sql)?;
+                let rows = statement
+                    .query_map([&id], |r| {
+                        let micros: Option<i64> = r.get(4)?;
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            micros.and_then(chrono::DateTime::from_timestamp_micros),
+                            r.get(5)?,
+                            r.get(6)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<RawLease>, _>>()?;
+                Ok(rows)
             })
             .await
     }
