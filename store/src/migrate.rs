@@ -118,3 +118,67 @@ pub fn check_readable(
         _ => Ok(()),
     }
 }
+
+/// A backend's statements for a migration run, inside its one transaction.
+pub(crate) trait MigrationTx {
+    /// Creates `wharf_schema_migrations` if it is missing.
+    async fn ensure_ledger(&mut self) -> Result<(), crate::StoreError>;
+
+    /// The newest version recorded (0 when none).
+    async fn current(&mut self) -> Result<i64, crate::StoreError>;
+
+    /// Runs `script` and records it.
+    async fn run(&mut self, script: &'static Migration) -> Result<(), crate::StoreError>;
+}
+
+/// Applies every script of `scripts` newer than the store's version, in order, in the
+/// caller's transaction; the names applied. Refuses a store a newer build migrated.
+pub(crate) async fn apply<T: MigrationTx>(
+    tx: &mut T,
+    scripts: &'static [Migration],
+) -> Result<Vec<&'static str>, crate::StoreError> {
+    tx.ensure_ledger().await?;
+    let current = tx.current().await?;
+    let known = needed(scripts);
+    if current > known {
+        return Err(crate::StoreError::NewerSchema {
+            found: current,
+            known,
+            operation: "migrate",
+        });
+    }
+    // Chosen before the first await: an iterator held across one would make the future of a
+    // backend whose statements wait lose `Send` for some borrows.
+    let pending: Vec<&'static Migration> = scripts.iter().filter(|m| m.version > current).collect();
+    let mut applied = Vec::with_capacity(pending.len());
+    for script in pending {
+        tx.run(script).await?;
+        applied.push(script.name);
+    }
+    Ok(applied)
+}
+
+/// A backend's reads of what its schema is.
+pub(crate) trait SchemaReads {
+    /// The schema version recorded (0 when never migrated).
+    async fn version(&self) -> Result<i64, crate::StoreError>;
+
+    /// The compatibility floor a newer build recorded, if any ([`COMPAT_TABLE`]).
+    async fn readers_from(&self) -> Result<Option<i64>, crate::StoreError>;
+}
+
+/// Fails with `NotMigrated` unless the schema is at least what this build needs of `scripts`;
+/// a newer schema passes unless its build recorded a floor above this build ([`check_readable`]).
+pub(crate) async fn ensure_readable<R: SchemaReads>(
+    reads: &R,
+    scripts: &'static [Migration],
+) -> Result<(), crate::StoreError> {
+    let found = reads.version().await?;
+    let known = needed(scripts);
+    let readers_from = if found > known {
+        reads.readers_from().await?
+    } else {
+        None
+    };
+    check_readable(found, known, readers_from)
+}

@@ -236,46 +236,14 @@ impl PgStore {
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || ':wharf.migrate'))")
             .execute(&mut *tx)
             .await?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
-                 version BIGINT PRIMARY KEY, name TEXT NOT NULL,
-                 applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 =
-            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations")
-                .fetch_one(&mut *tx)
-                .await?;
-        let known = migrate::needed(migrate::POSTGRES);
-        if current > known {
-            return Err(StoreError::NewerSchema {
-                found: current,
-                known,
-                operation: "migrate",
-            });
-        }
-        let mut applied = Vec::new();
-        for script in migrate::POSTGRES.iter().filter(|m| m.version > current) {
-            sqlx::raw_sql(script.sql).execute(&mut *tx).await?;
-            sqlx::query("INSERT INTO wharf_schema_migrations (version, name) VALUES ($1, $2)")
-                .bind(script.version)
-                .bind(script.name)
-                .execute(&mut *tx)
-                .await?;
-            applied.push(script.name);
-        }
+        let applied = migrate::apply(&mut PgMigration(&mut tx), migrate::POSTGRES).await?;
         tx.commit().await?;
         Ok(applied)
     }
 
     /// The schema version recorded in the database (0 when never migrated).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        let exists: bool =
-            sqlx::query_scalar("SELECT to_regclass('wharf_schema_migrations') IS NOT NULL")
-                .fetch_one(&self.pool)
-                .await?;
-        if !exists {
+        if !self.table_exists("wharf_schema_migrations").await? {
             return Ok(0);
         }
         Ok(
@@ -289,26 +257,15 @@ impl PgStore {
     /// needs; a newer schema passes unless its build recorded a compatibility floor above this
     /// build ([`migrate::check_readable`]).
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
-        let found = self.schema_version().await?;
-        let known = migrate::needed(migrate::POSTGRES);
-        let readers_from = if found > known {
-            self.readers_from().await?
-        } else {
-            None
-        };
-        migrate::check_readable(found, known, readers_from)
+        migrate::ensure_readable(self, migrate::POSTGRES).await
     }
 
-    async fn readers_from(&self) -> Result<Option<i64>, StoreError> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(migrate::COMPAT_TABLE)
+    /// Whether the schema has a table named `name`.
+    async fn table_exists(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(name)
             .fetch_one(&self.pool)
-            .await?;
-        if !exists {
-            return Ok(None);
-        }
-        let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
-        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+            .await?)
     }
 
     /// The store's current time.
@@ -380,6 +337,56 @@ impl PgStore {
 /// The value spells "wharfSCH" in ASCII.
 const CREATE_SCHEMA_LOCK: i64 = 0x7768_6172_6653_4348;
 
+/// A migration run's statements on its transaction (the advisory lock held).
+struct PgMigration<'c>(&'c mut PgConnection);
+
+impl migrate::MigrationTx for PgMigration<'_> {
+    async fn ensure_ledger(&mut self) -> Result<(), StoreError> {
+        self.0
+            .execute(
+                "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
+                     version BIGINT PRIMARY KEY, name TEXT NOT NULL,
+                     applied_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())",
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn current(&mut self) -> Result<i64, StoreError> {
+        Ok(
+            sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations")
+                .fetch_one(&mut *self.0)
+                .await?,
+        )
+    }
+
+    async fn run(&mut self, script: &'static migrate::Migration) -> Result<(), StoreError> {
+        // A script is several statements: sent as one simple query, as `raw_sql` would, through
+        // the executor's boxed future (`raw_sql`'s own would lose `Send` for some borrows).
+        self.0.execute(script.sql).await?;
+        sqlx::query("INSERT INTO wharf_schema_migrations (version, name) VALUES ($1, $2)")
+            .bind(script.version)
+            .bind(script.name)
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+}
+
+impl migrate::SchemaReads for PgStore {
+    async fn version(&self) -> Result<i64, StoreError> {
+        self.schema_version().await
+    }
+
+    async fn readers_from(&self) -> Result<Option<i64>, StoreError> {
+        if !self.table_exists(migrate::COMPAT_TABLE).await? {
+            return Ok(None);
+        }
+        let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+}
+
 /// Checks a Postgres schema name: 1 to 63 ASCII letters, digits or `_` (so it can be quoted
 /// into statements safely). Digits alone (`2024`) are a valid name.
 pub fn check_schema_name(schema: &str) -> Result<(), StoreError> {
@@ -414,6 +421,46 @@ pub fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    }
+}
+
+/// The futures whose logic is written once over a dialect trait stay `Send` for any borrow of
+/// the store, so callers can box them (an async trait, a spawned task): a dialect's `async fn`
+/// in a trait can lose that, and only a build notices.
+#[cfg(test)]
+#[allow(dead_code)]
+mod futures_stay_send {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+
+    use super::PgStore;
+    use crate::{PgProjector, StoreError};
+
+    type Boxed<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+    fn catch_up(store: &PgStore, projector: Arc<dyn PgProjector>) -> Boxed<'_, u64> {
+        Box::pin(async move { store.catch_up(projector, 1).await })
+    }
+
+    fn migrate(store: &PgStore) -> Boxed<'_, Vec<&'static str>> {
+        Box::pin(async move { store.migrate().await })
+    }
+
+    fn ensure_migrated(store: &PgStore) -> Boxed<'_, ()> {
+        Box::pin(async move { store.ensure_migrated().await })
+    }
+
+    fn rebuild(
+        store: &PgStore,
+        projectors: Vec<Arc<dyn PgProjector>>,
+        progress: crate::Progress,
+    ) -> Boxed<'_, crate::RebuildReport> {
+        Box::pin(async move {
+            store
+                .rebuild(projectors, crate::RebuildMode::Verify, progress)
+                .await
+        })
     }
 }
 

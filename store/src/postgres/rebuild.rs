@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use sqlx::PgConnection;
+use sqlx::{Executor, PgConnection};
 
 use super::events::{
     close_rebuild_cursor, custom_plans, fetch_rebuild_cursor, lock_appends, lock_checkpoint,
@@ -67,20 +67,17 @@ impl PgStore {
                 if folded_aside {
                     // The fold writes into an unindexed copy and the live rows stay as they
                     // are: no delete, no index upkeep, no copy of the live table.
-                    sqlx::raw_sql(&format!(
+                    let create = format!(
                         "CREATE TEMP TABLE {copy} \
                          (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) ON COMMIT DROP"
-                    ))
-                    .execute(&mut *tx)
-                    .await?;
+                    );
+                    tx.execute(create.as_str()).await?;
                     compared.push((table, table.to_owned(), copy));
                 } else if mode == RebuildMode::Verify {
                     // Applied event by event into its own tables: keep the live rows aside.
-                    sqlx::raw_sql(&format!(
-                        "CREATE TEMP TABLE {copy} ON COMMIT DROP AS SELECT * FROM {table}"
-                    ))
-                    .execute(&mut *tx)
-                    .await?;
+                    let create =
+                        format!("CREATE TEMP TABLE {copy} ON COMMIT DROP AS SELECT * FROM {table}");
+                    tx.execute(create.as_str()).await?;
                     compared.push((table, copy, table.to_owned()));
                 }
             }
@@ -147,7 +144,9 @@ async fn write_step(
 /// Applies projectors event by event on the replay's connection, between cursor pages.
 struct PgApply<'c>(&'c mut PgConnection);
 
-impl ReplayApply<dyn PgProjector> for PgApply<'_> {
+impl ReplayApply for PgApply<'_> {
+    type Projector = dyn PgProjector;
+
     async fn apply(
         &mut self,
         projector: &(dyn PgProjector + 'static),

@@ -71,20 +71,23 @@ impl<P: ?Sized + Replayable> Step<P> {
 }
 
 /// How a backend applies a projector that is not folded, inside the replay's transaction.
-pub(crate) trait ReplayApply<P: ?Sized> {
-    async fn apply(&mut self, projector: &P, event: &RecordedEvent) -> Result<(), StoreError>;
+pub(crate) trait ReplayApply {
+    /// The backend's projectors.
+    type Projector: ?Sized + Replayable;
+
+    async fn apply(
+        &mut self,
+        projector: &Self::Projector,
+        event: &RecordedEvent,
+    ) -> Result<(), StoreError>;
 }
 
 /// Folds a page of the log into `steps`, event by event in position order.
-pub(crate) async fn fold_page<P, A>(
-    steps: &mut [Step<P>],
+pub(crate) async fn fold_page<A: ReplayApply>(
+    steps: &mut [Step<A::Projector>],
     page: &[RawRow],
     db: &mut A,
-) -> Result<(), StoreError>
-where
-    P: ?Sized + Replayable,
-    A: ReplayApply<P>,
-{
+) -> Result<(), StoreError> {
     for row in page {
         let event = row.replay();
         let mut decoded = Decoded::default();

@@ -23,6 +23,7 @@ use crate::error::StoreError;
 use crate::event::from_micros;
 use crate::migrate;
 use crate::projector::SqliteProjector;
+use crate::ready::run_ready;
 
 pub use events::{
     append_in_tx, load_after_in_tx, load_in_tx, read_after_in_tx, read_range_in_tx, CATCH_UP_CHECK,
@@ -151,33 +152,11 @@ impl SqliteStore {
     /// Applies every migration not yet applied; returns the names applied now.
     pub async fn migrate(&self) -> Result<Vec<&'static str>, StoreError> {
         self.write(|ctx| {
-            ctx.tx.execute_batch(
-                "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
-                     version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
-            )?;
-            let current: i64 = ctx.tx.query_row(
-                "SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations",
-                [],
-                |row| row.get(0),
-            )?;
-            let known = migrate::needed(migrate::SQLITE);
-            if current > known {
-                return Err(StoreError::NewerSchema {
-                    found: current,
-                    known,
-                    operation: "migrate",
-                });
-            }
-            let mut applied = Vec::new();
-            for script in migrate::SQLITE.iter().filter(|m| m.version > current) {
-                ctx.tx.execute_batch(script.sql)?;
-                ctx.tx.execute(
-                    "INSERT INTO wharf_schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-                    rusqlite::params![script.version, script.name, ctx.now.timestamp_micros()],
-                )?;
-                applied.push(script.name);
-            }
-            Ok(applied)
+            let mut tx = SqliteMigration {
+                tx: ctx.tx,
+                now: ctx.now.timestamp_micros(),
+            };
+            run_ready(migrate::apply(&mut tx, migrate::SQLITE))
         })
         .await
     }
@@ -185,12 +164,7 @@ impl SqliteStore {
     /// The schema version recorded in the file (0 when never migrated).
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
         self.read(|conn| {
-            let exists: bool = conn.query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'wharf_schema_migrations')",
-                [],
-                |row| row.get(0),
-            )?;
-            if !exists {
+            if !table_exists(conn, "wharf_schema_migrations")? {
                 return Ok(0);
             }
             Ok(conn.query_row(
@@ -206,26 +180,7 @@ impl SqliteStore {
     /// needs; a newer schema passes unless its build recorded a compatibility floor above this
     /// build ([`migrate::check_readable`]).
     pub async fn ensure_migrated(&self) -> Result<(), StoreError> {
-        let found = self.schema_version().await?;
-        let known = migrate::needed(migrate::SQLITE);
-        let readers_from = if found > known {
-            self.read(|conn| {
-                let exists: bool = conn.query_row(
-                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = ?1)",
-                    [migrate::COMPAT_TABLE],
-                    |row| row.get(0),
-                )?;
-                if !exists {
-                    return Ok(None);
-                }
-                let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
-                Ok(conn.query_row(&sql, [], |row| row.get(0))?)
-            })
-            .await?
-        } else {
-            None
-        };
-        migrate::check_readable(found, known, readers_from)
+        migrate::ensure_readable(self, migrate::SQLITE).await
     }
 
     /// Runs `f` in a `BEGIN IMMEDIATE` transaction on the writer; commits when it returns `Ok`.
@@ -292,6 +247,65 @@ impl SqliteStore {
     /// The store's current time.
     pub async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self.inner.clock.tick())
+    }
+}
+
+/// Whether the file has a table or view named `name`.
+fn table_exists(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    Ok(conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = ?1)",
+        [name],
+        |row| row.get(0),
+    )?)
+}
+
+/// A migration run's statements on the writer's transaction, at the store's time `now`.
+struct SqliteMigration<'a, 't> {
+    tx: &'a rusqlite::Transaction<'t>,
+    now: i64,
+}
+
+impl migrate::MigrationTx for SqliteMigration<'_, '_> {
+    async fn ensure_ledger(&mut self) -> Result<(), StoreError> {
+        self.tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS wharf_schema_migrations (
+                 version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+        )?;
+        Ok(())
+    }
+
+    async fn current(&mut self) -> Result<i64, StoreError> {
+        Ok(self.tx.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM wharf_schema_migrations",
+            [],
+            |row| row.get(0),
+        )?)
+    }
+
+    async fn run(&mut self, script: &'static migrate::Migration) -> Result<(), StoreError> {
+        self.tx.execute_batch(script.sql)?;
+        self.tx.execute(
+            "INSERT INTO wharf_schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![script.version, script.name, self.now],
+        )?;
+        Ok(())
+    }
+}
+
+impl migrate::SchemaReads for SqliteStore {
+    async fn version(&self) -> Result<i64, StoreError> {
+        self.schema_version().await
+    }
+
+    async fn readers_from(&self) -> Result<Option<i64>, StoreError> {
+        self.read(|conn| {
+            if !table_exists(conn, migrate::COMPAT_TABLE)? {
+                return Ok(None);
+            }
+            let sql = format!("SELECT MAX(readers_from) FROM {}", migrate::COMPAT_TABLE);
+            Ok(conn.query_row(&sql, [], |row| row.get(0))?)
+        })
+        .await
     }
 }
 

@@ -104,7 +104,9 @@ fn write_step(tx: &rusqlite::Transaction<'_>, step: Step) -> Result<(), StoreErr
 /// Applies projectors event by event on the replay's write transaction.
 struct SqliteApply<'a, 't>(&'a rusqlite::Transaction<'t>);
 
-impl ReplayApply<dyn SqliteProjector> for SqliteApply<'_, '_> {
+impl ReplayApply for SqliteApply<'_, '_> {
+    type Projector = dyn SqliteProjector;
+
     async fn apply(
         &mut self,
         projector: &(dyn SqliteProjector + 'static),
