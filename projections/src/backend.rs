@@ -13,7 +13,6 @@ mod postgres;
 mod sqlite;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -26,9 +25,6 @@ use crate::rows::PageKeys;
 use crate::session_views::{FilterRow, SessionRow};
 use crate::summary::SummaryRow;
 use crate::ProjectionLag;
-
-/// A read under way that need not be `Send`.
-pub(crate) type LocalPending<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + 'a>>;
 
 /// How many events a catch-up transaction applies at most.
 const CATCH_UP_BATCH: i64 = 500;
@@ -43,10 +39,12 @@ pub(crate) trait ReadBackend: Send + Sync {
     /// How many events each catch-up projector has not applied yet.
     async fn projection_lag(&self) -> Result<Vec<ProjectionLag>, StoreError>;
 
-    /// Rebuilds every projection from the log (or, with Verify, compares). The one future
-    /// here that is not `Send`: Postgres's rebuild cannot be proven `Send` (its replay's
-    /// executor borrows defeat the compiler's check), so `ReadModel::rebuild` never was.
-    fn rebuild(&self, mode: RebuildMode, progress: Progress) -> LocalPending<'_, RebuildReport>;
+    /// Rebuilds every projection from the log (or, with Verify, compares).
+    async fn rebuild(
+        &self,
+        mode: RebuildMode,
+        progress: Progress,
+    ) -> Result<RebuildReport, StoreError>;
 
     /// True when a summary page can carry its groups' queue figures in the same read.
     fn carries_figures(&self) -> bool;

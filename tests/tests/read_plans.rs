@@ -244,8 +244,9 @@ async fn postgres_listing_reads_never_scan_the_ledger_or_other_groups() {
         )
         .await,
     );
-    // A page by name or topic runs as it is (`pg_page`); the page of waiting groups and the
-    // summary page run only inside `wharf_group_summaries`, under its settings (ADR 0058).
+    // A page by name or topic runs as it is (the Postgres read backend's `page`); the page of
+    // waiting groups and the summary page run only inside `wharf_group_summaries`, under its
+    // settings (ADR 0058).
     for (topic, waiting) in [(false, false), (false, true), (true, false), (true, true)] {
         let what = if topic {
             format!("page by topic waiting={waiting}")

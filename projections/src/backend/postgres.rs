@@ -16,9 +16,7 @@ use wharf_store::{
     StoreError,
 };
 
-use super::{
-    catch_up_each, catch_up_projectors, lag_each, LocalPending, ReadBackend, CATCH_UP_BATCH,
-};
+use super::{catch_up_each, catch_up_projectors, lag_each, ReadBackend, CATCH_UP_BATCH};
 use crate::declaration::DeclarerAttempts;
 use crate::group_rows::{decode_group_rows, PG_GROUP_READ_CALL, PG_GROUP_ROWS_CALL};
 use crate::lease::{RawLease, LEASE_COLUMNS};
@@ -295,9 +293,13 @@ impl ReadBackend for PgBackend {
         .await
     }
 
-    fn rebuild(&self, mode: RebuildMode, progress: Progress) -> LocalPending<'_, RebuildReport> {
+    async fn rebuild(
+        &self,
+        mode: RebuildMode,
+        progress: Progress,
+    ) -> Result<RebuildReport, StoreError> {
         let projectors = catch_up_projectors::<dyn PgProjector>(|p| p);
-        Box::pin(self.store.rebuild(projectors, mode, progress))
+        self.store.rebuild(projectors, mode, progress).await
     }
 
     fn carries_figures(&self) -> bool {

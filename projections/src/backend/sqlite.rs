@@ -12,9 +12,7 @@ use wharf_store::{
     StoreError,
 };
 
-use super::{
-    catch_up_each, catch_up_projectors, lag_each, LocalPending, ReadBackend, CATCH_UP_BATCH,
-};
+use super::{catch_up_each, catch_up_projectors, lag_each, ReadBackend, CATCH_UP_BATCH};
 use crate::declaration::DeclarerAttempts;
 use crate::lease::{RawLease, LEASE_COLUMNS};
 use crate::listing::{CarriedFigures, MemberKeys, PageRows, Snapshot};
@@ -294,9 +292,13 @@ impl ReadBackend for SqliteBackend {
         .await
     }
 
-    fn rebuild(&self, mode: RebuildMode, progress: Progress) -> LocalPending<'_, RebuildReport> {
+    async fn rebuild(
+        &self,
+        mode: RebuildMode,
+        progress: Progress,
+    ) -> Result<RebuildReport, StoreError> {
         let projectors = catch_up_projectors::<dyn SqliteProjector>(|p| p);
-        Box::pin(self.store.rebuild(projectors, mode, progress))
+        self.store.rebuild(projectors, mode, progress).await
     }
 
     fn carries_figures(&self) -> bool {
