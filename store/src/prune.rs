@@ -218,81 +218,124 @@ impl Store {
             .and_then(|retention| now.checked_sub_signed(retention))
             .unwrap_or(DateTime::<Utc>::MIN_UTC);
         let batch = options.batch.max(1);
+        let dry_run = options.dry_run;
         let (eligible, deleted) = match self {
-            Store::Sqlite(s) => sqlite_prune(s, rules, cutoff, batch, options.dry_run).await?,
-            Store::Postgres(s) => pg_prune(s, rules, cutoff, batch, options.dry_run).await?,
+            Store::Sqlite(store) => {
+                prune_with(&SqlitePrune { store, cutoff }, rules, batch, dry_run).await?
+            }
+            Store::Postgres(store) => {
+                prune_with(&PgPrune { store, cutoff }, rules, batch, dry_run).await?
+            }
         };
         Ok(PruneReport {
             cutoff,
             eligible,
             deleted,
-            dry_run: options.dry_run,
+            dry_run,
         })
     }
 }
 
-async fn sqlite_prune(
-    store: &SqliteStore,
+/// A backend's statements for a prune: its placeholders, the count and one batch's delete.
+trait PruneDialect {
+    /// Which backend's SQL the rules write.
+    const BACKEND: Backend;
+    /// The placeholders of the cutoff and of the batch size.
+    const CUTOFF: &'static str;
+    const BATCH: &'static str;
+
+    /// Runs the count `sql` (the cutoff bound); its value.
+    async fn count(&self, sql: String) -> Result<i64, StoreError>;
+
+    /// Runs one batch's delete `sql` (the cutoff and `batch` bound); how many it deleted.
+    async fn delete(&self, sql: String, batch: i64) -> Result<u64, StoreError>;
+}
+
+/// The prune itself, written once: counts what `rules` make eligible, and unless `dry_run`
+/// deletes it in batches of `batch` events, each its own transaction, until one falls short.
+/// `(eligible, deleted)`.
+async fn prune_with<D: PruneDialect>(
+    db: &D,
     rules: &[Superseded],
-    cutoff: DateTime<Utc>,
     batch: i64,
     dry_run: bool,
 ) -> Result<(u64, u64), StoreError> {
-    let Some(eligible_sql) = eligible_sql(rules, Backend::Sqlite, "?1") else {
+    let Some(eligible_sql) = eligible_sql(rules, D::BACKEND, D::CUTOFF) else {
         return Ok((0, 0));
     };
-    let cutoff = cutoff.timestamp_micros();
-    let count = format!("SELECT COUNT(*) FROM ({eligible_sql})");
-    let eligible: i64 = store
-        .read(move |conn| Ok(conn.query_row(&count, [cutoff], |r| r.get(0))?))
-        .await?;
+    let eligible = db
+        .count(format!("SELECT COUNT(*) FROM ({eligible_sql}) eligible"))
+        .await? as u64;
     if dry_run {
-        return Ok((eligible as u64, 0));
+        return Ok((eligible, 0));
     }
-    let delete = format!("DELETE FROM events WHERE position IN ({eligible_sql} LIMIT ?2)");
+    let delete = format!(
+        "DELETE FROM events WHERE position IN ({eligible_sql} LIMIT {})",
+        D::BATCH
+    );
     let mut deleted = 0u64;
     loop {
-        let delete = delete.clone();
-        let removed = store
-            .write(move |ctx| Ok(ctx.tx.execute(&delete, rusqlite::params![cutoff, batch])?))
-            .await?;
-        deleted += removed as u64;
+        let removed = db.delete(delete.clone(), batch).await?;
+        deleted += removed;
         if (removed as i64) < batch {
-            return Ok((eligible as u64, deleted));
+            return Ok((eligible, deleted));
         }
     }
 }
 
-async fn pg_prune(
-    store: &PgStore,
-    rules: &[Superseded],
+/// A prune on SQLite: the count on a reader, each batch a write transaction.
+struct SqlitePrune<'s> {
+    store: &'s SqliteStore,
     cutoff: DateTime<Utc>,
-    batch: i64,
-    dry_run: bool,
-) -> Result<(u64, u64), StoreError> {
-    let Some(eligible_sql) = eligible_sql(rules, Backend::Postgres, "$1") else {
-        return Ok((0, 0));
-    };
-    let eligible: i64 = sqlx::query_scalar(&format!("SELECT COUNT(*) FROM ({eligible_sql}) d"))
-        .bind(cutoff)
-        .fetch_one(store.pool())
-        .await?;
-    if dry_run {
-        return Ok((eligible as u64, 0));
+}
+
+impl PruneDialect for SqlitePrune<'_> {
+    const BACKEND: Backend = Backend::Sqlite;
+    const CUTOFF: &'static str = "?1";
+    const BATCH: &'static str = "?2";
+
+    async fn count(&self, sql: String) -> Result<i64, StoreError> {
+        let cutoff = self.cutoff.timestamp_micros();
+        self.store
+            .read(move |conn| Ok(conn.query_row(&sql, [cutoff], |r| r.get(0))?))
+            .await
     }
-    let delete = format!("DELETE FROM events WHERE position IN ({eligible_sql} LIMIT $2)");
-    let mut deleted = 0u64;
-    loop {
-        let removed = sqlx::query(&delete)
-            .bind(cutoff)
+
+    async fn delete(&self, sql: String, batch: i64) -> Result<u64, StoreError> {
+        let cutoff = self.cutoff.timestamp_micros();
+        let removed = self
+            .store
+            .write(move |ctx| Ok(ctx.tx.execute(&sql, rusqlite::params![cutoff, batch])?))
+            .await?;
+        Ok(removed as u64)
+    }
+}
+
+/// A prune on Postgres: each statement on the pool, each batch its own transaction.
+struct PgPrune<'s> {
+    store: &'s PgStore,
+    cutoff: DateTime<Utc>,
+}
+
+impl PruneDialect for PgPrune<'_> {
+    const BACKEND: Backend = Backend::Postgres;
+    const CUTOFF: &'static str = "$1";
+    const BATCH: &'static str = "$2";
+
+    async fn count(&self, sql: String) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(&sql)
+            .bind(self.cutoff)
+            .fetch_one(self.store.pool())
+            .await?)
+    }
+
+    async fn delete(&self, sql: String, batch: i64) -> Result<u64, StoreError> {
+        Ok(sqlx::query(&sql)
+            .bind(self.cutoff)
             .bind(batch)
-            .execute(store.pool())
+            .execute(self.store.pool())
             .await?
-            .rows_affected();
-        deleted += removed;
-        if (removed as i64) < batch {
-            return Ok((eligible as u64, deleted));
-        }
+            .rows_affected())
     }
 }
 
