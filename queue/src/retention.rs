@@ -26,6 +26,23 @@ pub(crate) struct RetentionLimits {
     pub batch: i64,
 }
 
+/// A table whose rows point at log messages: retention drops those whose messages are gone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OrphanTable {
+    Delivery,
+    SetAside,
+}
+
+impl OrphanTable {
+    /// The table's name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Delivery => "delivery",
+            Self::SetAside => "set_aside",
+        }
+    }
+}
+
 /// What one batch deleted.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct BatchDeleted {
@@ -59,17 +76,14 @@ pub(crate) trait RetentionBatch {
         batch: i64,
     ) -> Result<u64, QueueError>;
 
-    /// Deletes the deliveries of `topic` below `floor` whose messages are gone; how many.
-    async fn drop_orphaned_deliveries(
+    /// Deletes the rows of `table` for `topic` below `floor` whose messages are gone; how
+    /// many.
+    async fn drop_orphans(
         &mut self,
+        table: OrphanTable,
         topic: &str,
         floor: i64,
     ) -> Result<u64, QueueError>;
-
-    /// Deletes the set-aside deliveries of `topic` below `floor` whose messages are gone; how
-    /// many.
-    async fn drop_orphaned_set_aside(&mut self, topic: &str, floor: i64)
-        -> Result<u64, QueueError>;
 }
 
 /// One pass over every topic: batches until one deletes fewer messages than a batch.
@@ -104,7 +118,7 @@ pub(crate) async fn batch<B: RetentionBatch>(
         .await?;
     Ok(BatchDeleted {
         messages,
-        orphaned_deliveries: db.drop_orphaned_deliveries(topic, floor).await?,
-        set_aside: db.drop_orphaned_set_aside(topic, floor).await?,
+        orphaned_deliveries: db.drop_orphans(OrphanTable::Delivery, topic, floor).await?,
+        set_aside: db.drop_orphans(OrphanTable::SetAside, topic, floor).await?,
     })
 }

@@ -9,7 +9,9 @@ use sqlx::PgConnection;
 use wharf_store::PgStore;
 
 use crate::error::QueueError;
-use crate::retention::{self, BatchDeleted, RetentionBatch, RetentionLimits, RetentionRunner};
+use crate::retention::{
+    self, BatchDeleted, OrphanTable, RetentionBatch, RetentionLimits, RetentionRunner,
+};
 
 /// The lowest position the topic must keep for its live groups: what each has not routed (or,
 /// after a swap, not rescanned) and what waits in its deliveries.
@@ -94,33 +96,18 @@ impl RetentionBatch for PgBatch<'_> {
         .rows_affected())
     }
 
-    async fn drop_orphaned_deliveries(
+    async fn drop_orphans(
         &mut self,
+        table: OrphanTable,
         topic: &str,
         floor: i64,
     ) -> Result<u64, QueueError> {
-        Ok(sqlx::query(
-            "DELETE FROM delivery d WHERE d.topic = $1 AND d.position < $2 \
+        let table = table.name();
+        Ok(sqlx::query(&format!(
+            "DELETE FROM {table} o WHERE o.topic = $1 AND o.position < $2 \
              AND NOT EXISTS (SELECT 1 FROM message m \
-               WHERE m.topic = d.topic AND m.position = d.position)",
-        )
-        .bind(topic)
-        .bind(floor)
-        .execute(&mut *self.0)
-        .await?
-        .rows_affected())
-    }
-
-    async fn drop_orphaned_set_aside(
-        &mut self,
-        topic: &str,
-        floor: i64,
-    ) -> Result<u64, QueueError> {
-        Ok(sqlx::query(
-            "DELETE FROM set_aside s WHERE s.topic = $1 AND s.position < $2 \
-             AND NOT EXISTS (SELECT 1 FROM message m \
-               WHERE m.topic = s.topic AND m.position = s.position)",
-        )
+               WHERE m.topic = o.topic AND m.position = o.position)"
+        ))
         .bind(topic)
         .bind(floor)
         .execute(&mut *self.0)

@@ -9,7 +9,9 @@ use wharf_store::{run_ready, SqliteStore};
 
 use super::claim::micros;
 use crate::error::QueueError;
-use crate::retention::{self, BatchDeleted, RetentionBatch, RetentionLimits, RetentionRunner};
+use crate::retention::{
+    self, BatchDeleted, OrphanTable, RetentionBatch, RetentionLimits, RetentionRunner,
+};
 
 /// The lowest position a topic must keep for its live groups: what each has not routed (or,
 /// after a swap, not rescanned) and what waits in its deliveries.
@@ -92,31 +94,21 @@ impl RetentionBatch for SqliteBatch<'_, '_> {
         Ok(deleted as u64)
     }
 
-    async fn drop_orphaned_deliveries(
+    async fn drop_orphans(
         &mut self,
+        table: OrphanTable,
         topic: &str,
         floor: i64,
     ) -> Result<u64, QueueError> {
-        let dropped = self.tx.execute(
-            "DELETE FROM delivery WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
-             (SELECT 1 FROM message m WHERE m.topic = delivery.topic \
-               AND m.position = delivery.position)",
-            params![topic, floor],
-        )?;
-        Ok(dropped as u64)
-    }
-
-    async fn drop_orphaned_set_aside(
-        &mut self,
-        topic: &str,
-        floor: i64,
-    ) -> Result<u64, QueueError> {
-        let dropped = self.tx.execute(
-            "DELETE FROM set_aside WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
-             (SELECT 1 FROM message m WHERE m.topic = set_aside.topic \
-               AND m.position = set_aside.position)",
-            params![topic, floor],
-        )?;
+        let table = table.name();
+        let dropped = self
+            .tx
+            .prepare_cached(&format!(
+                "DELETE FROM {table} WHERE topic = ?1 AND position < ?2 AND NOT EXISTS \
+             (SELECT 1 FROM message m WHERE m.topic = {table}.topic \
+               AND m.position = {table}.position)"
+            ))?
+            .execute(params![topic, floor])?;
         Ok(dropped as u64)
     }
 }
